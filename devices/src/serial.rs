@@ -1,0 +1,191 @@
+//! The serial console: a 16550A UART (vm-superio) on COM1, with input held
+//! by the VMM until the guest is ready for it.
+//!
+//! A UART has a 64-byte receive FIFO, and Linux clears it when it opens the
+//! port, so bytes that arrive before the guest listens would be lost. Here
+//! input waits in `pending` (bounded by the caller) and moves into the FIFO
+//! only while the guest has the receive interrupt enabled, refilled whenever
+//! the guest touches the port. Nothing typed or piped in is dropped.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+
+use vm_superio::{Serial as Uart, Trigger};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::bus::BusDevice;
+
+/// Base port of COM1 and its legacy interrupt line.
+pub const COM1_PORT: u64 = 0x3f8;
+/// ISA IRQ of COM1.
+pub const COM1_IRQ: u32 = 4;
+/// Number of ports a UART decodes.
+pub const UART_PORTS: u64 = 8;
+
+const IER_OFFSET: u8 = 1;
+const IER_RDA: u8 = 0x01;
+
+/// Raises the UART's interrupt by writing to an eventfd (an irqfd in KVM).
+pub struct EventFdTrigger(pub EventFd);
+
+impl Trigger for EventFdTrigger {
+    type E = io::Error;
+    fn trigger(&self) -> io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+/// COM1, writing what the guest prints to `W`.
+pub struct Serial<W: Write + Send> {
+    uart: Uart<EventFdTrigger, vm_superio::serial::NoEvents, W>,
+    pending: VecDeque<u8>,
+    rx_enabled: bool,
+}
+
+impl<W: Write + Send> Serial<W> {
+    /// A UART raising its interrupt on `irq` and printing to `out`.
+    pub fn new(irq: EventFd, out: W) -> Self {
+        Serial {
+            uart: Uart::new(EventFdTrigger(irq), out),
+            pending: VecDeque::new(),
+            rx_enabled: false,
+        }
+    }
+
+    /// Queues console input for the guest. It reaches the guest's FIFO as
+    /// soon as the guest listens; until then it waits here.
+    pub fn queue_input(&mut self, bytes: &[u8]) {
+        self.pending.extend(bytes);
+        self.pump();
+    }
+
+    /// Bytes still waiting for the guest.
+    pub fn pending_input(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The writer the guest's output goes to.
+    pub fn output(&mut self) -> &mut W {
+        self.uart.writer_mut()
+    }
+
+    fn pump(&mut self) {
+        if self.pending.is_empty() || !self.rx_enabled {
+            return;
+        }
+        let room = self.uart.fifo_capacity().min(self.pending.len());
+        if room == 0 {
+            return;
+        }
+        let chunk: Vec<u8> = self.pending.drain(..room).collect();
+        log::trace!("serial: {} bytes into the FIFO", chunk.len());
+        if let Err(e) = self.uart.enqueue_raw_bytes(&chunk) {
+            log::warn!("serial: cannot raise the receive interrupt: {e:?}");
+        }
+    }
+
+    fn is_dlab_set(&self) -> bool {
+        // LCR bit 7 selects the divisor latch at offsets 0 and 1.
+        let mut probe = self.uart.state().line_control;
+        probe &= 0x80;
+        probe != 0
+    }
+}
+
+impl<W: Write + Send> BusDevice for Serial<W> {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        let Some(first) = data.first_mut() else {
+            return;
+        };
+        *first = match u8::try_from(offset) {
+            Ok(o) if o < UART_PORTS as u8 => {
+                let v = self.uart.read(o);
+                log::trace!("serial: read {o} -> {v:#x}");
+                v
+            }
+            _ => 0xff,
+        };
+        self.pump();
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let (Some(&value), Ok(o)) = (data.first(), u8::try_from(offset)) else {
+            return;
+        };
+        if o >= UART_PORTS as u8 {
+            return;
+        }
+        if o != 0 {
+            log::trace!("serial: write {o} <- {value:#x}");
+        }
+        if o == IER_OFFSET && !self.is_dlab_set() {
+            self.rx_enabled = value & IER_RDA != 0;
+        }
+        if let Err(e) = self.uart.write(o, value) {
+            log::debug!("serial: write at {o}: {e:?}");
+        }
+        self.pump();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serial() -> (Serial<Vec<u8>>, EventFd) {
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        (Serial::new(irq.try_clone().unwrap(), Vec::new()), irq)
+    }
+
+    fn read_all(s: &mut Serial<Vec<u8>>) -> Vec<u8> {
+        let mut got = vec![];
+        loop {
+            let mut lsr = [0u8];
+            s.read(5, &mut lsr);
+            if lsr[0] & 1 == 0 {
+                return got;
+            }
+            let mut b = [0u8];
+            s.read(0, &mut b);
+            got.push(b[0]);
+        }
+    }
+
+    #[test]
+    fn input_waits_until_the_guest_listens_and_nothing_is_lost() {
+        let (mut s, irq) = serial();
+        let input: Vec<u8> = (0..200u8).collect();
+        s.queue_input(&input);
+        assert!(read_all(&mut s).is_empty(), "guest not listening yet");
+        assert_eq!(s.pending_input(), 200);
+        s.write(1, &[IER_RDA]);
+        assert!(irq.read().is_ok(), "interrupt raised when enabled");
+        assert_eq!(read_all(&mut s), input);
+        assert_eq!(s.pending_input(), 0);
+    }
+
+    #[test]
+    fn divisor_latch_write_does_not_enable_input() {
+        let (mut s, _irq) = serial();
+        s.write(3, &[0x80]); // DLAB on
+        s.write(1, &[IER_RDA]); // divisor high, not IER
+        s.queue_input(b"x");
+        assert!(read_all(&mut s).is_empty());
+        s.write(3, &[0x03]);
+        s.write(1, &[IER_RDA]);
+        assert_eq!(read_all(&mut s), b"x");
+    }
+
+    #[test]
+    fn output_and_odd_accesses() {
+        let (mut s, _irq) = serial();
+        s.write(0, b"h");
+        s.write(0, &[]);
+        s.write(99, b"x");
+        let mut b = [0u8; 4];
+        s.read(1000, &mut b);
+        assert_eq!(b[0], 0xff);
+        s.read(0, &mut []);
+        assert_eq!(s.output().as_slice(), b"h");
+    }
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Builds the default tandem guest from Debian packages only:
+#   target/guest/vmlinux         ELF kernel (boot this one: no self-decompression)
+#   target/guest/bzImage         the same kernel as a bzImage
+#   target/guest/initramfs.cpio  uncompressed busybox initramfs
+#
+# Idempotent and cached: each output is built once into
+# ${TANDEM_CACHE:-~/.cache/tandem}, keyed by a hash of its inputs (config,
+# patches, scripts, package versions), then linked into target/guest/.
+# Nothing built here is ever committed.
+#
+# Usage: resources/build-guest.sh [--no-deps]
+#   --no-deps   do not apt-get install the build dependencies
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/.." && pwd)
+cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
+out="$top/target/guest"
+jobs=$(nproc)
+
+log() { printf 'build-guest: %s\n' "$*" >&2; }
+
+install_deps() {
+    local pkgs=(linux-source-6.1 busybox-static bc bison flex libelf-dev libssl-dev
+        cpio xz-utils make gcc libc6-dev)
+    local missing=()
+    for p in "${pkgs[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+}
+
+pkgver() { dpkg-query -W -f='${Version}' "$1"; }
+
+# Links (or copies, across file systems) a cached file into target/guest.
+publish() {
+    mkdir -p "$out"
+    ln -f "$1" "$out/$2" 2>/dev/null || cp -f "$1" "$out/$2"
+}
+
+build_kernel() {
+    local ver key dir src
+    ver=$(pkgver linux-source-6.1)
+    key=$( (echo "$ver"; cat "$here/kernel/tandem.config" "$here"/kernel/*.patch;
+        sed -n '/^build_kernel()/,/^}/p' "$0") | sha256sum | cut -c1-16)
+    dir="$cache/kernel-$key"
+    if [ -f "$dir/vmlinux" ] && [ -f "$dir/bzImage" ]; then
+        log "kernel $ver cached ($dir)"
+    else
+        src="$cache/build/linux-$key"
+        log "building kernel $ver into $src (takes several minutes, once)"
+        rm -rf "$src"
+        mkdir -p "$src"
+        tar -xf /usr/src/linux-source-6.1.tar.xz -C "$src" --strip-components=1
+        for p in "$here"/kernel/*.patch; do
+            patch -s -p1 -d "$src" <"$p"
+        done
+        make -s -C "$src" KCONFIG_ALLCONFIG="$here/kernel/tandem.config" allnoconfig
+        # Every line of the fragment must have taken effect.
+        local bad=0 line name want
+        while IFS= read -r line; do
+            case "$line" in CONFIG_*=*) ;; *) continue ;; esac
+            name=${line%%=*}
+            want=${line#*=}
+            if [ "$want" = n ]; then
+                if grep -q "^$name=" "$src/.config"; then log "config: $name is set"; bad=1; fi
+            elif ! grep -qx "$name=$want" "$src/.config"; then
+                log "config: $name is not $want"
+                bad=1
+            fi
+        done <"$here/kernel/tandem.config"
+        [ "$bad" = 0 ] || { log "kernel config fragment did not apply"; exit 1; }
+        make -s -C "$src" -j"$jobs" vmlinux bzImage
+        mkdir -p "$dir.tmp"
+        cp "$src/vmlinux" "$src/arch/x86/boot/bzImage" "$src/System.map" "$src/.config" "$dir.tmp/"
+        rm -rf "$dir"
+        mv "$dir.tmp" "$dir"
+        rm -rf "$src"
+    fi
+    publish "$dir/vmlinux" vmlinux
+    publish "$dir/bzImage" bzImage
+    publish "$dir/System.map" System.map
+}
+
+build_initramfs() {
+    local key file root
+    key=$( (pkgver busybox-static; cat "$here/initramfs/init";
+        sed -n '/^build_initramfs()/,/^}/p' "$0") | sha256sum | cut -c1-16)
+    file="$cache/initramfs-$key.cpio"
+    if [ -f "$file" ]; then
+        log "initramfs cached ($file)"
+    else
+        log "building initramfs"
+        root=$(mktemp -d)
+        mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,root,etc,mnt}
+        cp /bin/busybox "$root/bin/busybox"
+        # Applet links are made here, not at boot: every exec costs a lot under emulation.
+        local applet
+        for applet in $("$root/bin/busybox" --list-full); do
+            [ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
+        done
+        install -m 0755 "$here/initramfs/init" "$root/init"
+        echo 'root:x:0:0:root:/root:/bin/sh' >"$root/etc/passwd"
+        echo 'root:x:0:' >"$root/etc/group"
+        (cd "$root" && find . -print0 | LC_ALL=C sort -z |
+            cpio --null --create --format=newc --owner=0:0 --quiet) >"$file.tmp"
+        mv "$file.tmp" "$file"
+        rm -rf "$root"
+    fi
+    publish "$file" initramfs.cpio
+}
+
+main() {
+    if [ "${1:-}" != --no-deps ]; then
+        install_deps
+    fi
+    mkdir -p "$cache"
+    build_initramfs
+    build_kernel
+    log "guest ready in $out"
+}
+
+main "$@"

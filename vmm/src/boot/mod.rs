@@ -1,0 +1,253 @@
+//! Linux boot on x86_64: loads an ELF vmlinux or a bzImage (linux-loader),
+//! the initrd and the command line, and writes boot_params and the MP table.
+//! Runs once, before any vCPU starts; every input here is user-controlled and
+//! fails with a clear error, never a panic.
+
+pub mod cpu;
+pub mod layout;
+pub mod mptable;
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use linux_loader::cmdline::Cmdline;
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
+use linux_loader::loader::{self, BzImage, Elf, KernelLoader};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use layout::*;
+
+/// Errors from preparing the guest for boot.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("cannot open kernel {path}: {err}")]
+    KernelOpen { path: PathBuf, err: std::io::Error },
+    #[error("kernel {path} is neither an ELF vmlinux nor a bzImage")]
+    KernelFormat { path: PathBuf },
+    #[error("cannot load kernel {path}: {err}")]
+    KernelLoad { path: PathBuf, err: loader::Error },
+    #[error("cannot open initrd {path}: {err}")]
+    InitrdOpen { path: PathBuf, err: std::io::Error },
+    #[error("initrd {path} ({size} bytes) does not fit in guest memory below {limit:#x} above the kernel")]
+    InitrdTooBig { path: PathBuf, size: u64, limit: u64 },
+    #[error("initrd {path} is empty")]
+    InitrdEmpty { path: PathBuf },
+    #[error("cannot read initrd {path}: {err}")]
+    InitrdRead { path: PathBuf, err: String },
+    #[error("kernel command line is {len} bytes; the boot protocol allows at most {max}")]
+    CmdlineTooLong { len: usize, max: usize },
+    #[error("invalid kernel command line: {0}")]
+    Cmdline(String),
+    #[error("cannot write boot data to guest memory: {0}")]
+    Memory(#[from] vm_memory::GuestMemoryError),
+    #[error(transparent)]
+    Mptable(#[from] mptable::MptableError),
+}
+
+/// What the vCPUs need from a loaded kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct BootInfo {
+    /// Guest-physical address of the 64-bit entry point.
+    pub entry: u64,
+    /// Whether the kernel was a bzImage (else an ELF vmlinux).
+    pub bzimage: bool,
+}
+
+/// What to boot.
+pub struct BootSpec<'a> {
+    pub kernel: &'a Path,
+    pub initrd: Option<&'a Path>,
+    pub cmdline: &'a str,
+    pub num_cpus: u8,
+}
+
+const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
+const BZIMAGE_ENTRY_OFFSET: u64 = 0x200;
+const KERNEL_BOOT_FLAG_MAGIC: u16 = 0xaa55;
+const KERNEL_HDR_MAGIC: u32 = 0x5372_6448;
+const KERNEL_LOADER_OTHER: u8 = 0xff;
+const KERNEL_MIN_ALIGNMENT: u32 = 0x0100_0000;
+const DEFAULT_INITRD_ADDR_MAX: u64 = 0x7fff_ffff;
+const E820_RAM: u32 = 1;
+const E820_RESERVED: u32 = 2;
+
+/// Loads everything into `mem` and returns where to start.
+pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootError> {
+    let kpath = spec.kernel.to_path_buf();
+    let mut kernel = File::open(spec.kernel).map_err(|err| BootError::KernelOpen {
+        path: kpath.clone(),
+        err,
+    })?;
+    let mut magic = [0u8; 4];
+    let is_elf = kernel.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC;
+    kernel
+        .seek(SeekFrom::Start(0))
+        .map_err(|err| BootError::KernelOpen {
+            path: kpath.clone(),
+            err,
+        })?;
+
+    let (result, bzimage) = if is_elf {
+        let r = Elf::load(mem, None, &mut kernel, Some(GuestAddress(HIMEM_START)))
+            .map_err(|err| BootError::KernelLoad {
+                path: kpath.clone(),
+                err,
+            })?;
+        (r, false)
+    } else {
+        let r = BzImage::load(mem, None, &mut kernel, Some(GuestAddress(HIMEM_START)))
+            .map_err(|err| match err {
+                loader::Error::Bzimage(
+                    loader::bzimage::Error::InvalidBzImage
+                    | loader::bzimage::Error::ReadBzImageHeader
+                    | loader::bzimage::Error::Underflow,
+                ) => BootError::KernelFormat {
+                    path: kpath.clone(),
+                },
+                err => BootError::KernelLoad {
+                    path: kpath.clone(),
+                    err,
+                },
+            })?;
+        (r, true)
+    };
+
+    let mut params = boot_params::default();
+    if let Some(hdr) = result.setup_header {
+        params.hdr = hdr;
+    }
+    let cmdline_max = if bzimage && params.hdr.cmdline_size > 0 {
+        params.hdr.cmdline_size as usize + 1
+    } else {
+        CMDLINE_MAX_SIZE
+    }
+    .min(CMDLINE_MAX_SIZE);
+    let cmdline = build_cmdline(spec.cmdline, cmdline_max)?;
+    loader::load_cmdline(mem, GuestAddress(CMDLINE_START), &cmdline)
+        .map_err(|e| BootError::Cmdline(e.to_string()))?;
+
+    params.hdr.type_of_loader = KERNEL_LOADER_OTHER;
+    params.hdr.boot_flag = KERNEL_BOOT_FLAG_MAGIC;
+    params.hdr.header = KERNEL_HDR_MAGIC;
+    params.hdr.cmd_line_ptr = CMDLINE_START as u32;
+    params.hdr.cmdline_size = spec.cmdline.len() as u32;
+    params.hdr.kernel_alignment = KERNEL_MIN_ALIGNMENT;
+
+    if let Some(initrd) = spec.initrd {
+        let addr_max = if bzimage && params.hdr.initrd_addr_max != 0 {
+            u64::from(params.hdr.initrd_addr_max)
+        } else {
+            DEFAULT_INITRD_ADDR_MAX
+        };
+        let (addr, size) = load_initrd(mem, initrd, result.kernel_end, addr_max)?;
+        params.hdr.ramdisk_image = addr as u32;
+        params.hdr.ramdisk_size = size as u32;
+    }
+
+    let mut e820 = vec![
+        (0, EBDA_START, E820_RAM),
+        (EBDA_START, 0xa_0000 - EBDA_START, E820_RESERVED),
+    ];
+    for (base, size) in ram_ranges(mem.iter().map(|r| r.len()).sum()) {
+        let start = base.max(HIMEM_START);
+        if base + size > start {
+            e820.push((start, base + size - start, E820_RAM));
+        }
+    }
+    for (i, (addr, size, type_)) in e820.iter().enumerate() {
+        params.e820_table[i] = boot_e820_entry {
+            addr: *addr,
+            size: *size,
+            r#type: *type_,
+        };
+    }
+    params.e820_entries = e820.len() as u8;
+    mem.write_obj(params, GuestAddress(ZERO_PAGE_START))?;
+    mptable::write(mem, spec.num_cpus)?;
+
+    let entry = if bzimage {
+        result.kernel_load.raw_value() + BZIMAGE_ENTRY_OFFSET
+    } else {
+        result.kernel_load.raw_value()
+    };
+    Ok(BootInfo { entry, bzimage })
+}
+
+fn build_cmdline(s: &str, max: usize) -> Result<Cmdline, BootError> {
+    if s.len() + 1 > max {
+        return Err(BootError::CmdlineTooLong {
+            len: s.len(),
+            max: max - 1,
+        });
+    }
+    let mut c = Cmdline::new(max).map_err(|e| BootError::Cmdline(e.to_string()))?;
+    if !s.trim().is_empty() {
+        c.insert_str(s)
+            .map_err(|e| BootError::Cmdline(e.to_string()))?;
+    }
+    Ok(c)
+}
+
+/// Places the initrd page-aligned as high as possible below `addr_max` and
+/// the end of low RAM, above the kernel.
+fn load_initrd(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+    kernel_end: u64,
+    addr_max: u64,
+) -> Result<(u64, u64), BootError> {
+    let p = path.to_path_buf();
+    let mut f = File::open(path).map_err(|err| BootError::InitrdOpen {
+        path: p.clone(),
+        err,
+    })?;
+    let size = f
+        .metadata()
+        .map_err(|err| BootError::InitrdOpen {
+            path: p.clone(),
+            err,
+        })?
+        .len();
+    if size == 0 {
+        return Err(BootError::InitrdEmpty { path: p });
+    }
+    let low_end = mem
+        .iter()
+        .map(|r| r.start_addr().raw_value() + r.len())
+        .filter(|&end| end <= MMIO_GAP_START)
+        .max()
+        .unwrap_or(0);
+    let limit = low_end.min(addr_max + 1);
+    let too_big = || BootError::InitrdTooBig {
+        path: p.clone(),
+        size,
+        limit,
+    };
+    let addr = limit.checked_sub(size).ok_or_else(too_big)? & !0xfff;
+    if addr < kernel_end.max(HIMEM_START) {
+        return Err(too_big());
+    }
+    let len = usize::try_from(size).map_err(|_| too_big())?;
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut f, len)
+        .map_err(|e| BootError::InitrdRead {
+            path: p.clone(),
+            err: e.to_string(),
+        })?;
+    Ok((addr, size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmdline_limit_is_the_boot_protocol_one() {
+        assert!(build_cmdline(&"a".repeat(CMDLINE_MAX_SIZE - 1), CMDLINE_MAX_SIZE).is_ok());
+        assert!(matches!(
+            build_cmdline(&"a".repeat(CMDLINE_MAX_SIZE), CMDLINE_MAX_SIZE),
+            Err(BootError::CmdlineTooLong { len: 2048, max: 2047 })
+        ));
+        assert!(build_cmdline("", CMDLINE_MAX_SIZE).is_ok());
+    }
+}

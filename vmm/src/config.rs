@@ -1,0 +1,182 @@
+//! The VM's configuration, and the parsing and checks of what the user gave.
+//! Everything here is user input: each mistake is a one-line error.
+
+use std::path::{Path, PathBuf};
+
+use crate::boot::mptable::MAX_CPUS;
+
+/// Default guest memory.
+pub const DEFAULT_MEM: &str = "128M";
+/// Command line used when the user gives none.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
+const MIN_MEM: u64 = 16 << 20;
+
+/// Configuration errors.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("memory size '{0}' is not a number with an optional K, M, G or T suffix (e.g. 512M)")]
+    MemParse(String),
+    #[error("memory size must be greater than 0")]
+    MemZero,
+    #[error("memory size {0} is below the minimum of 16M")]
+    MemTooSmall(String),
+    #[error("memory size {asked} is more than this host has ({host_mib} MiB)")]
+    MemTooBig { asked: String, host_mib: u64 },
+    #[error("vCPU count '{0}' is not a number")]
+    CpusParse(String),
+    #[error("vCPU count must be at least 1")]
+    CpusZero,
+    #[error("vCPU count {asked} is above the limit of {limit}")]
+    CpusTooMany { asked: u64, limit: u8 },
+    #[error(
+        "no --kernel given and the default guest is not built ({0} is missing): \
+         run resources/build-guest.sh"
+    )]
+    NoDefaultGuest(PathBuf),
+}
+
+/// Parses a memory size: a number with an optional K/M/G/T suffix (binary
+/// units, an optional "iB"/"B" after it); a plain number means MiB, as in QEMU.
+pub fn parse_mem(s: &str) -> Result<u64, ConfigError> {
+    let t = s.trim();
+    let err = || ConfigError::MemParse(s.to_string());
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits_end);
+    let n: u64 = num.parse().map_err(|_| err())?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "m" | "mb" | "mib" => 20,
+        "k" | "kb" | "kib" => 10,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(err()),
+    };
+    let bytes = n.checked_mul(1u64 << shift).ok_or_else(err)?;
+    if bytes == 0 {
+        return Err(ConfigError::MemZero);
+    }
+    if bytes < MIN_MEM {
+        return Err(ConfigError::MemTooSmall(s.to_string()));
+    }
+    // Whole pages.
+    Ok(bytes.div_ceil(4096) * 4096)
+}
+
+/// Checks a memory size against what this host has.
+pub fn check_mem_fits(bytes: u64, asked: &str) -> Result<(), ConfigError> {
+    if let Some(host) = host_mem_bytes() {
+        if bytes > host {
+            return Err(ConfigError::MemTooBig {
+                asked: asked.to_string(),
+                host_mib: host >> 20,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn host_mem_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Parses the vCPU count, 1 to `limit`.
+pub fn parse_cpus(s: &str, limit: u8) -> Result<u8, ConfigError> {
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| ConfigError::CpusParse(s.to_string()))?;
+    if n == 0 {
+        return Err(ConfigError::CpusZero);
+    }
+    if n > u64::from(limit) {
+        return Err(ConfigError::CpusTooMany { asked: n, limit });
+    }
+    Ok(n as u8)
+}
+
+/// The most vCPUs tandem gives a guest (the MP table's room).
+pub const fn max_cpus() -> u8 {
+    MAX_CPUS
+}
+
+/// Where the default guest lives: `$TANDEM_GUEST_DIR`, else `target/guest`
+/// beside the binary's `target/<profile>/` directory, else `./target/guest`.
+pub fn default_guest_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TANDEM_GUEST_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(target) = exe.parent().and_then(Path::parent) {
+            let d = target.join("guest");
+            if d.is_dir() {
+                return d;
+            }
+        }
+    }
+    PathBuf::from("target/guest")
+}
+
+/// The default guest's kernel and initramfs.
+pub fn default_guest() -> Result<(PathBuf, PathBuf), ConfigError> {
+    let dir = default_guest_dir();
+    let kernel = dir.join("vmlinux");
+    let initrd = dir.join("initramfs.cpio");
+    for p in [&kernel, &initrd] {
+        if !p.is_file() {
+            return Err(ConfigError::NoDefaultGuest(p.clone()));
+        }
+    }
+    Ok((kernel, initrd))
+}
+
+/// A VM to run.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    /// The command line as the user gave it (or the default); host-required
+    /// parameters are appended at boot.
+    pub cmdline: String,
+    pub mem_bytes: u64,
+    pub cpus: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_mem("128M"), Ok(128 << 20));
+        assert_eq!(parse_mem("128"), Ok(128 << 20));
+        assert_eq!(parse_mem("1G"), Ok(1 << 30));
+        assert_eq!(parse_mem("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_mem("65537K"), Ok((65537u64 << 10).div_ceil(4096) * 4096));
+        assert_eq!(parse_mem("0"), Err(ConfigError::MemZero));
+        assert_eq!(parse_mem("0G"), Err(ConfigError::MemZero));
+        assert!(matches!(parse_mem("1M"), Err(ConfigError::MemTooSmall(_))));
+        for bad in ["", "abc", "12Q", "-1", "1.5G", "99999999999999999999T", "M"] {
+            assert!(matches!(parse_mem(bad), Err(ConfigError::MemParse(_))), "{bad}");
+        }
+        assert!(matches!(
+            check_mem_fits(1 << 60, "1048576T"),
+            Err(ConfigError::MemTooBig { .. })
+        ));
+        assert_eq!(check_mem_fits(16 << 20, "16M"), Ok(()));
+    }
+
+    #[test]
+    fn cpu_counts() {
+        assert_eq!(parse_cpus("1", 32), Ok(1));
+        assert_eq!(parse_cpus("32", 32), Ok(32));
+        assert_eq!(parse_cpus("0", 32), Err(ConfigError::CpusZero));
+        assert_eq!(
+            parse_cpus("33", 32),
+            Err(ConfigError::CpusTooMany { asked: 33, limit: 32 })
+        );
+        assert!(matches!(parse_cpus("two", 32), Err(ConfigError::CpusParse(_))));
+        assert!(matches!(parse_cpus("-1", 32), Err(ConfigError::CpusParse(_))));
+    }
+}

@@ -1,0 +1,232 @@
+//! Completes, in the VMM, the few instructions KVM's emulator gives up on.
+//!
+//! On `kvm_pvm` hosts the guest kernel runs under KVM's instruction emulator,
+//! which stops with `KVM_EXIT_INTERNAL_ERROR` (suberror 1, emulation failure)
+//! on some instructions a Linux guest uses. The ones completed here, and how:
+//!
+//! | bytes   | instruction | completion                                       |
+//! |---------|-------------|--------------------------------------------------|
+//! | `CC`    | INT3        | RIP += 1, inject #BP (a trap: the frame points past it) |
+//! | `0F 0B` | UD2         | inject #UD at RIP (BUG()/WARN() use it)           |
+//! | `9B`    | FWAIT       | RIP += 1 (no x87 exception can be pending)        |
+//!
+//! Anything else is fatal: the caller stops the VM with the registers and the
+//! instruction bytes in the message, never loops on it. On hosts with VT-x or
+//! AMD-V these exits do not happen, so nothing here runs there.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvm_bindings::{kvm_regs, kvm_sregs, KVM_INTERNAL_ERROR_EMULATION};
+use kvm_ioctls::VcpuFd;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const BP_VECTOR: u8 = 3;
+const UD_VECTOR: u8 = 6;
+const MAX_INSN_LEN: usize = 15;
+const PAGE_SIZE: u64 = 4096;
+
+/// How many instructions of each kind were completed (all vCPUs).
+pub static COMPLETED_INT3: AtomicU64 = AtomicU64::new(0);
+/// UD2 completions.
+pub static COMPLETED_UD2: AtomicU64 = AtomicU64::new(0);
+/// FWAIT completions.
+pub static COMPLETED_FWAIT: AtomicU64 = AtomicU64::new(0);
+
+/// Why an internal error could not be completed.
+#[derive(Debug, thiserror::Error)]
+pub enum EmulationError {
+    #[error("KVM internal error (suberror {suberror}) at {state}")]
+    NotEmulation { suberror: u32, state: String },
+    #[error("emulation failure on an instruction tandem does not complete, at {state}")]
+    Unsupported { state: String },
+    #[error("cannot read or change vCPU state after an emulation failure: {0}")]
+    Kvm(#[from] kvm_ioctls::Error),
+}
+
+/// What to do with the instruction at RIP.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Advance RIP by this many bytes and inject this exception vector, if any.
+    Complete { advance: u64, inject: Option<u8> },
+    /// Not an instruction we complete.
+    Unsupported,
+}
+
+/// Decides how to complete the instruction whose first bytes are `insn`.
+pub fn decide(insn: &[u8]) -> Completion {
+    match insn {
+        [0xcc, ..] => Completion::Complete {
+            advance: 1,
+            inject: Some(BP_VECTOR),
+        },
+        [0x0f, 0x0b, ..] => Completion::Complete {
+            advance: 0,
+            inject: Some(UD_VECTOR),
+        },
+        [0x9b, ..] => Completion::Complete {
+            advance: 1,
+            inject: None,
+        },
+        _ => Completion::Unsupported,
+    }
+}
+
+/// Handles a `KVM_EXIT_INTERNAL_ERROR` on `vcpu`: completes the instruction
+/// and returns Ok, or returns an error describing the vCPU state.
+pub fn handle_internal_error(
+    vcpu: &mut VcpuFd,
+    mem: &GuestMemoryMmap,
+) -> Result<(), EmulationError> {
+    // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so the kernel filled
+    // the `internal` member of the union; we only read plain integers.
+    let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+    let mut regs = vcpu.get_regs()?;
+    let sregs = vcpu.get_sregs()?;
+    let insn = read_insn(vcpu, mem, &sregs, regs.rip);
+    if suberror != KVM_INTERNAL_ERROR_EMULATION {
+        return Err(EmulationError::NotEmulation {
+            suberror,
+            state: describe(&regs, &sregs, &insn),
+        });
+    }
+    match decide(&insn) {
+        Completion::Complete { advance, inject } => {
+            regs.rip = regs.rip.wrapping_add(advance);
+            vcpu.set_regs(&regs)?;
+            if let Some(vector) = inject {
+                let mut events = vcpu.get_vcpu_events()?;
+                events.exception.injected = 1;
+                events.exception.nr = vector;
+                events.exception.has_error_code = 0;
+                events.exception.error_code = 0;
+                events.flags = 0;
+                vcpu.set_vcpu_events(&events)?;
+            }
+            let counter = match insn.first() {
+                Some(0xcc) => &COMPLETED_INT3,
+                Some(0x0f) => &COMPLETED_UD2,
+                _ => &COMPLETED_FWAIT,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        Completion::Unsupported => Err(EmulationError::Unsupported {
+            state: describe(&regs, &sregs, &insn),
+        }),
+    }
+}
+
+/// Reads up to 15 bytes at the guest's RIP, page by page through the guest's
+/// own page tables (`KVM_TRANSLATE`). Returns what could be read.
+fn read_insn(vcpu: &VcpuFd, mem: &GuestMemoryMmap, sregs: &kvm_sregs, rip: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(MAX_INSN_LEN);
+    let mut linear = sregs.cs.base.wrapping_add(rip);
+    while out.len() < MAX_INSN_LEN {
+        let Ok(t) = vcpu.translate_gva(linear) else {
+            break;
+        };
+        if t.valid == 0 {
+            break;
+        }
+        let in_page = (PAGE_SIZE - (linear & (PAGE_SIZE - 1))) as usize;
+        let n = in_page.min(MAX_INSN_LEN - out.len());
+        let mut buf = vec![0u8; n];
+        if mem
+            .read_slice(&mut buf, GuestAddress(t.physical_address))
+            .is_err()
+        {
+            break;
+        }
+        out.extend_from_slice(&buf);
+        linear = linear.wrapping_add(n as u64);
+    }
+    out
+}
+
+/// A one-paragraph dump of the vCPU for a fatal error.
+pub fn describe(regs: &kvm_regs, sregs: &kvm_sregs, insn: &[u8]) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "RIP={:#018x} CPL={} bytes=[",
+        regs.rip,
+        sregs.cs.selector & 3
+    );
+    for (i, b) in insn.iter().enumerate() {
+        let _ = write!(s, "{}{:02x}", if i > 0 { " " } else { "" }, b);
+    }
+    let _ = write!(
+        s,
+        "] RAX={:#x} RBX={:#x} RCX={:#x} RDX={:#x} RSI={:#x} RDI={:#x} RBP={:#x} RSP={:#x} \
+         R8={:#x} R9={:#x} R10={:#x} R11={:#x} R12={:#x} R13={:#x} R14={:#x} R15={:#x} \
+         RFLAGS={:#x} CR0={:#x} CR2={:#x} CR3={:#x} CR4={:#x} EFER={:#x}",
+        regs.rax,
+        regs.rbx,
+        regs.rcx,
+        regs.rdx,
+        regs.rsi,
+        regs.rdi,
+        regs.rbp,
+        regs.rsp,
+        regs.r8,
+        regs.r9,
+        regs.r10,
+        regs.r11,
+        regs.r12,
+        regs.r13,
+        regs.r14,
+        regs.r15,
+        regs.rflags,
+        sregs.cr0,
+        sregs.cr2,
+        sregs.cr3,
+        sregs.cr4,
+        sregs.efer
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decides_each_known_instruction_and_refuses_the_rest() {
+        assert_eq!(
+            decide(&[0xcc, 0x90]),
+            Completion::Complete {
+                advance: 1,
+                inject: Some(BP_VECTOR)
+            }
+        );
+        assert_eq!(
+            decide(&[0x0f, 0x0b]),
+            Completion::Complete {
+                advance: 0,
+                inject: Some(UD_VECTOR)
+            }
+        );
+        assert_eq!(
+            decide(&[0x9b]),
+            Completion::Complete {
+                advance: 1,
+                inject: None
+            }
+        );
+        assert_eq!(decide(&[0x0f]), Completion::Unsupported);
+        assert_eq!(decide(&[]), Completion::Unsupported);
+        assert_eq!(decide(&[0xf3, 0x0f, 0xb8, 0xc0]), Completion::Unsupported);
+    }
+
+    #[test]
+    fn describe_names_rip_and_bytes() {
+        let regs = kvm_regs {
+            rip: 0x1234,
+            ..Default::default()
+        };
+        let d = describe(&regs, &kvm_sregs::default(), &[0x0f, 0x01, 0xca]);
+        assert!(d.contains("RIP=0x0000000000001234"), "{d}");
+        assert!(d.contains("bytes=[0f 01 ca]"), "{d}");
+    }
+}

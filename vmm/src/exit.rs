@@ -1,0 +1,121 @@
+//! How a VM ends, and how the thread that notices tells the main thread.
+
+use std::sync::Mutex;
+
+use vmm_sys_util::eventfd::EventFd;
+
+/// Why the VM stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmExit {
+    /// The guest rebooted (i8042 reset, triple fault, or a reset system event).
+    Reboot,
+    /// The guest powered off or halted.
+    PowerOff,
+    /// The user quit from the console (Ctrl-A x).
+    Quit,
+    /// The guest kernel panicked; the panic line.
+    Panic(String),
+    /// A vCPU could not go on; what happened.
+    Fatal(String),
+}
+
+impl VmExit {
+    /// The process exit status: 0 when the guest ended itself normally or the
+    /// user quit, 2 for a guest panic, 3 for a fatal vCPU error. (1 is for
+    /// errors before the guest runs.)
+    pub fn status(&self) -> i32 {
+        match self {
+            VmExit::Reboot | VmExit::PowerOff | VmExit::Quit => 0,
+            VmExit::Panic(_) => 2,
+            VmExit::Fatal(_) => 3,
+        }
+    }
+}
+
+/// Set once by whoever sees the end first; the main thread waits on it.
+pub struct ExitSignal {
+    reason: Mutex<Option<VmExit>>,
+    panic_line: Mutex<Option<String>>,
+    evt: EventFd,
+}
+
+impl ExitSignal {
+    /// A new signal; fails only if no eventfd can be made.
+    pub fn new() -> std::io::Result<ExitSignal> {
+        Ok(ExitSignal {
+            reason: Mutex::new(None),
+            panic_line: Mutex::new(None),
+            evt: EventFd::new(0)?,
+        })
+    }
+
+    /// A clone of the eventfd: a write with no reason recorded means reset
+    /// (this is what the i8042 gets).
+    pub fn reset_evt(&self) -> std::io::Result<EventFd> {
+        self.evt.try_clone()
+    }
+
+    /// Records `why` (the first reason wins) and wakes the main thread.
+    pub fn signal(&self, why: VmExit) {
+        let mut r = devices::bus::lock(&self.reason);
+        if r.is_none() {
+            *r = Some(why);
+        }
+        drop(r);
+        if let Err(e) = self.evt.write(1) {
+            log::error!("cannot wake the main thread: {e}");
+        }
+    }
+
+    /// Notes that the guest kernel announced a panic: a reset that follows
+    /// is reported as the panic, not as a reboot.
+    pub fn note_panic(&self, line: String) {
+        devices::bus::lock(&self.panic_line).get_or_insert(line);
+    }
+
+    /// The panic line, if the guest announced one.
+    pub fn panic_line(&self) -> Option<String> {
+        devices::bus::lock(&self.panic_line).clone()
+    }
+
+    /// Blocks until the VM ends and returns why.
+    pub fn wait(&self) -> VmExit {
+        loop {
+            match self.evt.read() {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return VmExit::Fatal(format!("cannot wait for the VM: {e}"));
+                }
+            }
+        }
+        let reason = devices::bus::lock(&self.reason).take();
+        match (reason, self.panic_line()) {
+            (Some(VmExit::Reboot) | None, Some(p)) => VmExit::Panic(p),
+            (Some(r), _) => r,
+            (None, None) => VmExit::Reboot,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_reason_wins_and_reset_after_panic_is_a_panic() {
+        let s = ExitSignal::new().unwrap();
+        s.signal(VmExit::PowerOff);
+        s.signal(VmExit::Fatal("x".into()));
+        assert_eq!(s.wait(), VmExit::PowerOff);
+
+        let s = ExitSignal::new().unwrap();
+        s.reset_evt().unwrap().write(1).unwrap();
+        assert_eq!(s.wait(), VmExit::Reboot);
+
+        let s = ExitSignal::new().unwrap();
+        s.note_panic("Kernel panic - not syncing: x".into());
+        s.reset_evt().unwrap().write(1).unwrap();
+        assert_eq!(s.wait().status(), 2);
+    }
+}

@@ -1,0 +1,56 @@
+//! What kind of KVM this host has, and what a guest needs because of it.
+//!
+//! On hosts whose KVM is `kvm_pvm` (no VT-x/AMD-V: the guest kernel is run by
+//! KVM's instruction emulator) a stock Linux guest cannot boot as is. The
+//! adjustments live here and in `emulation` and `cpuid`, and apply only when
+//! [`HostKind::Emulated`] is detected, so behaviour on a host with hardware
+//! virtualization is unchanged.
+
+use std::path::Path;
+
+/// The kind of KVM this host runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostKind {
+    /// KVM on VT-x or AMD-V.
+    Hardware,
+    /// `kvm_pvm`: guest kernel code is instruction-emulated.
+    Emulated,
+}
+
+impl HostKind {
+    /// Detects the host kind: `kvm_pvm` loaded means emulated. The variable
+    /// `TANDEM_HOST_KIND=hardware|emulated` overrides the detection.
+    pub fn detect() -> HostKind {
+        match std::env::var("TANDEM_HOST_KIND").as_deref() {
+            Ok("hardware") => return HostKind::Hardware,
+            Ok("emulated") => return HostKind::Emulated,
+            _ => {}
+        }
+        if Path::new("/sys/module/kvm_pvm").exists() {
+            HostKind::Emulated
+        } else {
+            HostKind::Hardware
+        }
+    }
+
+    /// Kernel parameters the guest needs on this host, appended to every
+    /// command line. Each one, and why:
+    /// - `noxsave`, `clearcpuid=…`, `nofsgsbase`, `noinvpcid`: keep the kernel
+    ///   off instructions the emulator cannot run (XSAVE/XRSTOR, CLAC/STAC,
+    ///   POPCNT, RDRAND/RDSEED/RDPID, RD/WRFSBASE, INVPCID).
+    /// - `tandem_syscall_fixup`: the guest-kernel patch in
+    ///   `resources/kernel/0001-*.patch` completes user SYSCALLs that fault at
+    ///   their entry point (ignored by kernels without the patch).
+    /// - `tandem_pte_flush`: the patch in `resources/kernel/0002-*.patch`
+    ///   flushes a freshly installed PTE's translation (see README, known issues).
+    /// - `io_delay=none`: every port-0x80 delay write would be an exit.
+    pub fn guest_params(self) -> &'static str {
+        match self {
+            HostKind::Hardware => "",
+            HostKind::Emulated => {
+                "noxsave clearcpuid=smap,popcnt,rdrand,rdseed,rdpid,cx16 nofsgsbase noinvpcid \
+                 tandem_syscall_fixup tandem_pte_flush io_delay=none"
+            }
+        }
+    }
+}

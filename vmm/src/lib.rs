@@ -1,0 +1,16 @@
+//! tandem: a KVM virtual machine monitor.
+//!
+//! `vm` builds and runs a VM from a `config::VmConfig`; `boot` loads Linux;
+//! `vcpu` runs the vCPU threads; `console` connects the serial port to the
+//! user's terminal; `host`, `cpuid` and `emulation` hold what this host's
+//! KVM needs (see each module).
+
+pub mod boot;
+pub mod config;
+pub mod console;
+pub mod cpuid;
+pub mod emulation;
+pub mod exit;
+pub mod host;
+pub mod vcpu;
+pub mod vm;
