@@ -22,8 +22,15 @@ pub const COM1_IRQ: u32 = 4;
 /// Number of ports a UART decodes.
 pub const UART_PORTS: u64 = 8;
 
+const DATA_OFFSET: u8 = 0;
 const IER_OFFSET: u8 = 1;
+const FCR_OFFSET: u8 = 2;
+const LCR_OFFSET: u8 = 3;
+const LSR_OFFSET: u8 = 5;
 const IER_RDA: u8 = 0x01;
+const FCR_CLEAR_RX: u8 = 0x02;
+const LCR_DLAB: u8 = 0x80;
+const LSR_DATA_READY: u8 = 0x01;
 
 /// Raises the UART's interrupt by writing to an eventfd (an irqfd in KVM).
 pub struct EventFdTrigger(pub EventFd);
@@ -78,17 +85,34 @@ impl<W: Write + Send> Serial<W> {
             return;
         }
         let chunk: Vec<u8> = self.pending.drain(..room).collect();
-        log::trace!("serial: {} bytes into the FIFO", chunk.len());
         if let Err(e) = self.uart.enqueue_raw_bytes(&chunk) {
             log::warn!("serial: cannot raise the receive interrupt: {e:?}");
         }
     }
 
-    fn is_dlab_set(&self) -> bool {
-        // LCR bit 7 selects the divisor latch at offsets 0 and 1.
-        let mut probe = self.uart.state().line_control;
-        probe &= 0x80;
-        probe != 0
+    fn is_dlab_set(&mut self) -> bool {
+        self.uart.read(LCR_OFFSET) & LCR_DLAB != 0
+    }
+
+    /// Moves bytes the guest has not read from the FIFO back to `pending`.
+    /// Done when the guest stops listening (IER without RDA) or clears the
+    /// receive FIFO: those bytes were only placed there speculatively, and
+    /// Linux clears the FIFO and reads RX "for luck" while it opens the port.
+    fn take_back(&mut self) {
+        let lcr = self.uart.read(LCR_OFFSET);
+        if lcr & LCR_DLAB != 0 {
+            let _ = self.uart.write(LCR_OFFSET, lcr & !LCR_DLAB);
+        }
+        let mut unread = Vec::new();
+        while self.uart.read(LSR_OFFSET) & LSR_DATA_READY != 0 {
+            unread.push(self.uart.read(DATA_OFFSET));
+        }
+        if lcr & LCR_DLAB != 0 {
+            let _ = self.uart.write(LCR_OFFSET, lcr);
+        }
+        for b in unread.into_iter().rev() {
+            self.pending.push_front(b);
+        }
     }
 }
 
@@ -98,11 +122,7 @@ impl<W: Write + Send> BusDevice for Serial<W> {
             return;
         };
         *first = match u8::try_from(offset) {
-            Ok(o) if o < UART_PORTS as u8 => {
-                let v = self.uart.read(o);
-                log::trace!("serial: read {o} -> {v:#x}");
-                v
-            }
+            Ok(o) if o < UART_PORTS as u8 => self.uart.read(o),
             _ => 0xff,
         };
         self.pump();
@@ -115,14 +135,21 @@ impl<W: Write + Send> BusDevice for Serial<W> {
         if o >= UART_PORTS as u8 {
             return;
         }
-        if o != 0 {
-            log::trace!("serial: write {o} <- {value:#x}");
+        // A FIFO clear means the guest is (re)initialising the port: hold
+        // input until it enables the receive interrupt again.
+        let mut stop_listening = o == FCR_OFFSET && value & FCR_CLEAR_RX != 0;
+        if stop_listening {
+            self.rx_enabled = false;
         }
         if o == IER_OFFSET && !self.is_dlab_set() {
             self.rx_enabled = value & IER_RDA != 0;
+            stop_listening |= !self.rx_enabled;
         }
         if let Err(e) = self.uart.write(o, value) {
             log::debug!("serial: write at {o}: {e:?}");
+        }
+        if stop_listening {
+            self.take_back();
         }
         self.pump();
     }
@@ -162,6 +189,25 @@ mod tests {
         assert!(irq.read().is_ok(), "interrupt raised when enabled");
         assert_eq!(read_all(&mut s), input);
         assert_eq!(s.pending_input(), 0);
+    }
+
+    #[test]
+    fn bytes_in_the_fifo_survive_a_clear_and_a_masked_ier() {
+        let (mut s, _irq) = serial();
+        s.write(1, &[0x0f]);
+        s.queue_input(b"uname -r\n");
+        // Linux opening the port: clear FIFOs, read RX for luck, mask IER.
+        s.write(2, &[0x07]);
+        let mut b = [0u8];
+        s.read(0, &mut b);
+        assert_eq!(b[0], 0, "cleared FIFO reads empty");
+        s.write(1, &[0x05]);
+        assert_eq!(read_all(&mut s), b"uname -r\n");
+        s.queue_input(b"ab");
+        s.write(1, &[0]);
+        assert!(read_all(&mut s).is_empty());
+        s.write(1, &[0x05]);
+        assert_eq!(read_all(&mut s), b"ab");
     }
 
     #[test]

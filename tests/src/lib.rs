@@ -1,1 +1,280 @@
+//! `TestVm`: boots a real guest with the `tandem` binary on /dev/kvm and
+//! talks to it over its serial console, as a user at a terminal would.
+//!
+//! Boots cost about a minute on hosts whose KVM emulates the guest kernel,
+//! so a test boots once and runs many checks. Commands run one at a time
+//! (see the README's known issues). The VMM process is always killed on drop.
 
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// The marker the default guest's /init prints when user space is up.
+pub const READY: &str = "tandem-guest: ready";
+/// Boot budget: generous, the emulated kernel needs about 70-110 s.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The `tandem` binary built by the test command (same profile as the tests).
+pub fn tandem_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/tandem
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("tandem"))
+        .expect("target directory");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first (./test.sh does: cargo build --release -p vmm)",
+        bin.display()
+    );
+    bin
+}
+
+/// The default guest's files in target/guest.
+pub fn guest_file(name: &str) -> PathBuf {
+    let p = repo_root().join("target/guest").join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run resources/build-guest.sh (./test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// Fails the test, loudly, when there is no KVM: guest tests never pass
+/// without a guest.
+pub fn require_kvm() {
+    assert!(
+        Path::new("/dev/kvm").exists(),
+        "/dev/kvm is absent: these tests boot real guests under KVM and cannot run here"
+    );
+}
+
+#[derive(Default)]
+struct Output {
+    bytes: Vec<u8>,
+    closed: bool,
+}
+
+type Shared = Arc<(Mutex<Output>, Condvar)>;
+
+fn collect(mut r: impl Read + Send + 'static, out: Shared) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = r.read(&mut buf).unwrap_or(0);
+            let (m, cv) = &*out;
+            let mut o = m.lock().unwrap();
+            if n == 0 {
+                o.closed = true;
+                cv.notify_all();
+                return;
+            }
+            o.bytes.extend_from_slice(&buf[..n]);
+            cv.notify_all();
+        }
+    });
+}
+
+/// A running `tandem run` with a guest behind its console.
+pub struct TestVm {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Shared,
+    stderr: Shared,
+    /// Where in stdout the next search starts.
+    cursor: usize,
+    seq: u32,
+}
+
+impl TestVm {
+    /// Starts `tandem run <args>` with piped stdio.
+    pub fn start(args: &[&str]) -> TestVm {
+        require_kvm();
+        let mut child = Command::new(tandem_bin())
+            .arg("run")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tandem");
+        let stdout: Shared = Arc::default();
+        let stderr: Shared = Arc::default();
+        collect(child.stdout.take().unwrap(), stdout.clone());
+        collect(child.stderr.take().unwrap(), stderr.clone());
+        let stdin = child.stdin.take();
+        TestVm {
+            child,
+            stdin,
+            stdout,
+            stderr,
+            cursor: 0,
+            seq: 0,
+        }
+    }
+
+    /// Boots the default guest (ELF vmlinux and initramfs) with `extra` args
+    /// and waits for its shell.
+    pub fn boot_default(extra: &[&str]) -> TestVm {
+        let kernel = guest_file("vmlinux");
+        let initrd = guest_file("initramfs.cpio");
+        let mut args = vec![
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--initrd",
+            initrd.to_str().unwrap(),
+            "--mem",
+            "128M",
+        ];
+        args.extend_from_slice(extra);
+        let mut vm = TestVm::start(&args);
+        vm.wait_ready();
+        vm
+    }
+
+    /// Waits for the ready marker, then turns console echo off so that
+    /// command output is clean.
+    pub fn wait_ready(&mut self) {
+        self.wait_for(READY, BOOT_TIMEOUT);
+        self.run("stty -echo", Duration::from_secs(60));
+    }
+
+    /// All console output so far, with `\r` removed.
+    pub fn console(&self) -> String {
+        let o = self.stdout.0.lock().unwrap();
+        String::from_utf8_lossy(&o.bytes).replace('\r', "")
+    }
+
+    /// What the VMM printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        let o = self.stderr.0.lock().unwrap();
+        String::from_utf8_lossy(&o.bytes).to_string()
+    }
+
+    /// Waits until `pat` appears on the console after the cursor; moves the
+    /// cursor past it and returns the text before it.
+    pub fn wait_for(&mut self, pat: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let (m, cv) = &*self.stdout;
+        let mut o = m.lock().unwrap();
+        loop {
+            let text = String::from_utf8_lossy(&o.bytes[self.cursor..]).to_string();
+            if let Some(at) = text.find(pat) {
+                let before = text[..at].to_string();
+                self.cursor += text[..at + pat.len()].len();
+                return before.replace('\r', "");
+            }
+            let now = Instant::now();
+            if o.closed || now >= deadline {
+                let why = if o.closed { "tandem exited" } else { "timed out" };
+                drop(o);
+                panic!(
+                    "{why} waiting for {pat:?}\n--- console ---\n{}\n--- stderr ---\n{}",
+                    tail(&self.console(), 3000),
+                    self.stderr()
+                );
+            }
+            o = cv.wait_timeout(o, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Writes raw bytes to the console.
+    pub fn send(&mut self, s: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(s.as_bytes()).expect("write to tandem");
+        stdin.flush().expect("flush to tandem");
+    }
+
+    /// Runs a shell command in the guest and returns its output (trimmed)
+    /// and exit status.
+    pub fn run(&mut self, cmd: &str, timeout: Duration) -> (String, i32) {
+        self.seq += 1;
+        // The marker is computed by the shell, so an echoed command line
+        // never matches it.
+        let n = self.seq;
+        self.send(&format!("{cmd}; echo \"@@$(({n}))@@ $?\"\n"));
+        let before = self.wait_for(&format!("@@{n}@@ "), timeout);
+        let status_text = self.wait_for("\n", Duration::from_secs(30));
+        let status = status_text.trim().parse().unwrap_or(-1);
+        // Drop the prompt the shell printed before reading the command.
+        let out = before.trim_start();
+        let out = out.strip_prefix("~ # ").unwrap_or(out);
+        (out.trim().to_string(), status)
+    }
+
+    /// Runs a command that must succeed, returning its output.
+    pub fn ok(&mut self, cmd: &str, timeout: Duration) -> String {
+        let (out, status) = self.run(cmd, timeout);
+        assert_eq!(status, 0, "`{cmd}` failed with {status}: {out}");
+        out
+    }
+
+    /// Closes stdin (EOF on the console).
+    pub fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+
+    /// Waits for tandem to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait for tandem") {
+                // Let the collectors drain what is left.
+                for s in [&self.stdout, &self.stderr] {
+                    let (m, cv) = &**s;
+                    let mut o = m.lock().unwrap();
+                    let until = Instant::now() + Duration::from_secs(5);
+                    while !o.closed && Instant::now() < until {
+                        o = cv.wait_timeout(o, Duration::from_millis(100)).unwrap().0;
+                    }
+                }
+                return st;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "tandem did not exit in {timeout:?}\n--- console ---\n{}\n--- stderr ---\n{}",
+                    tail(&self.console(), 3000),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for TestVm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The last `n` bytes of `s` (on a char boundary).
+pub fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// Runs `tandem <args>` to completion (for commands that fail fast).
+pub fn tandem_output(args: &[&str]) -> std::process::Output {
+    Command::new(tandem_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tandem")
+}

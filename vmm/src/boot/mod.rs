@@ -31,6 +31,8 @@ pub enum BootError {
     InitrdOpen { path: PathBuf, err: std::io::Error },
     #[error("initrd {path} ({size} bytes) does not fit in guest memory below {limit:#x} above the kernel")]
     InitrdTooBig { path: PathBuf, size: u64, limit: u64 },
+    #[error("initrd {path} is not an initramfs (no cpio or compressed-cpio signature)")]
+    InitrdFormat { path: PathBuf },
     #[error("initrd {path} is empty")]
     InitrdEmpty { path: PathBuf },
     #[error("cannot read initrd {path}: {err}")]
@@ -189,6 +191,24 @@ fn build_cmdline(s: &str, max: usize) -> Result<Cmdline, BootError> {
     Ok(c)
 }
 
+/// Whether `head` starts like something Linux unpacks as an initramfs: a
+/// cpio archive (newc, crc, odc) or one compressed in a format Linux knows.
+pub fn is_initramfs(head: &[u8]) -> bool {
+    const MAGICS: [&[u8]; 10] = [
+        b"070701",                            // cpio newc
+        b"070702",                            // cpio newc with CRC
+        b"070707",                            // cpio odc
+        &[0x1f, 0x8b],                        // gzip
+        b"BZh",                               // bzip2
+        &[0x5d, 0x00, 0x00],                  // lzma
+        &[0xfd, b'7', b'z', b'X', b'Z', 0x00], // xz
+        &[0x89, b'L', b'Z', b'O'],            // lzo
+        &[0x02, 0x21, 0x4c, 0x18],            // lz4 (legacy frame)
+        &[0x28, 0xb5, 0x2f, 0xfd],            // zstd
+    ];
+    MAGICS.iter().any(|m| head.starts_with(m))
+}
+
 /// Places the initrd page-aligned as high as possible below `addr_max` and
 /// the end of low RAM, above the kernel.
 fn load_initrd(
@@ -212,6 +232,18 @@ fn load_initrd(
     if size == 0 {
         return Err(BootError::InitrdEmpty { path: p });
     }
+    let mut head = [0u8; 6];
+    let got = f.read(&mut head).map_err(|e| BootError::InitrdRead {
+        path: p.clone(),
+        err: e.to_string(),
+    })?;
+    if !is_initramfs(&head[..got]) {
+        return Err(BootError::InitrdFormat { path: p });
+    }
+    f.seek(SeekFrom::Start(0)).map_err(|e| BootError::InitrdRead {
+        path: p.clone(),
+        err: e.to_string(),
+    })?;
     let low_end = mem
         .iter()
         .map(|r| r.start_addr().raw_value() + r.len())
@@ -240,6 +272,15 @@ fn load_initrd(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn initramfs_signatures() {
+        assert!(is_initramfs(b"070701000000"));
+        assert!(is_initramfs(&[0x1f, 0x8b, 8, 0]));
+        assert!(!is_initramfs(b"ZZZZZZ"));
+        assert!(!is_initramfs(b""));
+        assert!(!is_initramfs(b"0707"));
+    }
 
     #[test]
     fn cmdline_limit_is_the_boot_protocol_one() {

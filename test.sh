@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit tests and the tests that boot real guests
+# under KVM. Does all set-up first (packages, guest build, cargo build).
+set -euo pipefail
+top=$(cd "$(dirname "$0")" && pwd)
+cd "$top"
+resources/setup.sh
+if [ ! -e /dev/kvm ]; then
+    echo "test.sh: /dev/kvm is absent: the guest tests cannot run on this machine" >&2
+    exit 1
+fi
+# Two test threads: one guest per core.
+cargo test --release --workspace -- --test-threads=2 "$@"

@@ -1,0 +1,118 @@
+//! Boots real guests under KVM and checks them through the serial console.
+//! Each test is one boot (about a minute or two here): checks share it.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tandem_tests::{guest_file, require_kvm, tail, tandem_bin, TestVm};
+
+const CMD: Duration = Duration::from_secs(120);
+const EXIT: Duration = Duration::from_secs(120);
+
+#[test]
+fn default_guest_on_one_vcpu_runs_commands_and_reboots() {
+    // No --kernel: the default guest from target/guest.
+    let mut vm = TestVm::start(&["--cpus", "1"]);
+    vm.wait_ready();
+
+    let release = vm.ok("uname -r", CMD);
+    assert!(release.starts_with("6.1."), "uname -r said {release:?}");
+    assert_eq!(vm.ok("nproc", CMD), "1");
+    assert_eq!(vm.ok("echo $((6 * 7))", CMD), "42");
+    let (out, status) = vm.run("false", CMD);
+    assert_eq!((out.as_str(), status), ("", 1), "exit status reaches the shell");
+
+    // 100 programs started one after another, each a fresh exec.
+    let count = vm.ok(
+        "i=0; while [ $i -lt 100 ] && /bin/true; do i=$((i+1)); done; echo $i",
+        Duration::from_secs(600),
+    );
+    assert_eq!(count, "100");
+
+    // Pipelines: data flows through two and three real processes.
+    assert_eq!(vm.ok("echo hello tandem | tr a-z A-Z", CMD), "HELLO TANDEM");
+    assert_eq!(vm.ok("seq 1 50 | grep 3 | wc -l", CMD), "14");
+    let listed = vm.ok("ls /proc | grep -c '^[0-9]'", CMD);
+    assert!(listed.parse::<u32>().unwrap() > 1, "processes: {listed}");
+
+    vm.send("reboot -f\n");
+    let st = vm.wait_exit(EXIT);
+    assert_eq!(st.code(), Some(0), "guest reboot ends tandem with 0");
+}
+
+#[test]
+fn two_vcpus_boot_and_poweroff_exits_zero() {
+    let mut vm = TestVm::boot_default(&["--cpus", "2"]);
+    assert_eq!(vm.ok("nproc", CMD), "2");
+    let online = vm.ok("cat /sys/devices/system/cpu/online", CMD);
+    assert_eq!(online, "0-1");
+    vm.send("poweroff -f\n");
+    let st = vm.wait_exit(EXIT);
+    assert_eq!(st.code(), Some(0), "guest poweroff ends tandem with 0");
+}
+
+#[test]
+fn bzimage_boots_from_a_pipe_and_eof_does_not_stop_the_guest() {
+    require_kvm();
+    // The README's example: all input is in the pipe before the guest boots,
+    // and stdin reaches EOF at once. Nothing may be lost.
+    let kernel = guest_file("bzImage");
+    let initrd = guest_file("initramfs.cpio");
+    let out = Command::new("timeout")
+        .arg("600")
+        .arg(tandem_bin())
+        .args(["run", "--kernel"])
+        .arg(&kernel)
+        .arg("--initrd")
+        .arg(&initrd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(b"uname -r\necho sum=$((40+2))\nreboot -f\n")?;
+            c.wait_with_output()
+        })
+        .expect("run tandem");
+    let console = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "console:\n{}\nstderr:\n{err}",
+        tail(&console, 3000)
+    );
+    assert!(
+        console.lines().any(|l| l.starts_with("6.1.")),
+        "kernel version printed:\n{}",
+        tail(&console, 2000)
+    );
+    assert!(console.contains("sum=42"), "{}", tail(&console, 2000));
+    assert!(console.contains("tandem-guest: ready"));
+}
+
+#[test]
+fn guest_panic_ends_tandem_with_an_error() {
+    // init exits at once: the kernel panics ("Attempted to kill init").
+    let kernel = guest_file("vmlinux");
+    let initrd = guest_file("initramfs.cpio");
+    let mut vm = TestVm::start(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--initrd",
+        initrd.to_str().unwrap(),
+        "--cmdline",
+        "console=ttyS0 rdinit=/bin/false",
+    ]);
+    let st = vm.wait_exit(Duration::from_secs(420));
+    assert_eq!(st.code(), Some(2), "stderr: {}", vm.stderr());
+    let err = vm.stderr();
+    assert!(
+        err.contains("the guest kernel panicked") && err.contains("Attempted to kill init"),
+        "stderr: {err}"
+    );
+}
