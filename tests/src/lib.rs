@@ -178,7 +178,11 @@ impl TestVm {
             }
             let now = Instant::now();
             if o.closed || now >= deadline {
-                let why = if o.closed { "tandem exited" } else { "timed out" };
+                let why = if o.closed {
+                    "tandem exited"
+                } else {
+                    "timed out"
+                };
                 drop(o);
                 panic!(
                     "{why} waiting for {pat:?}\n--- console ---\n{}\n--- stderr ---\n{}",

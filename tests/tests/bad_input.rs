@@ -21,7 +21,10 @@ fn assert_one_line_error(out: &std::process::Output, expect: &str) {
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.starts_with("tandem: "), "{err}");
     assert!(err.contains(expect), "expected {expect:?} in {err}");
-    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err}"
+    );
     assert!(out.stdout.is_empty(), "no guest output expected");
 }
 
@@ -74,7 +77,14 @@ fn initrd_missing_unreadable_empty_or_garbage() {
         .unwrap()
         .set_len(200 << 20)
         .unwrap();
-    let out = run(&["--kernel", &k, "--initrd", huge.to_str().unwrap(), "--mem", "64M"]);
+    let out = run(&[
+        "--kernel",
+        &k,
+        "--initrd",
+        huge.to_str().unwrap(),
+        "--mem",
+        "64M",
+    ]);
     assert_one_line_error(&out, "does not fit");
 }
 
@@ -124,7 +134,12 @@ fn unknown_option() {
 fn no_kvm_device() {
     // A private mount namespace whose /dev is an empty tmpfs.
     let out = Command::new("unshare")
-        .args(["--mount", "sh", "-c", "mount -t tmpfs tmpfs /dev && exec \"$0\" run --kernel \"$1\""])
+        .args([
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t tmpfs tmpfs /dev && exec \"$0\" run --kernel \"$1\"",
+        ])
         .arg(tandem_bin())
         .arg(kernel())
         .output()
@@ -137,7 +152,11 @@ fn no_permission_on_kvm_device() {
     // As an unprivileged user (nobody), /dev/kvm (root-only here) refuses.
     let meta = std::fs::metadata("/dev/kvm").expect("/dev/kvm exists");
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(meta.permissions().mode() & 0o006, 0, "test needs /dev/kvm closed to others");
+    assert_eq!(
+        meta.permissions().mode() & 0o006,
+        0,
+        "test needs /dev/kvm closed to others"
+    );
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(tandem_bin())

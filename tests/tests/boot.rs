@@ -20,7 +20,11 @@ fn default_guest_on_one_vcpu_runs_commands_and_reboots() {
     assert_eq!(vm.ok("nproc", CMD), "1");
     assert_eq!(vm.ok("echo $((6 * 7))", CMD), "42");
     let (out, status) = vm.run("false", CMD);
-    assert_eq!((out.as_str(), status), ("", 1), "exit status reaches the shell");
+    assert_eq!(
+        (out.as_str(), status),
+        ("", 1),
+        "exit status reaches the shell"
+    );
 
     // 100 programs started one after another, each a fresh exec.
     let count = vm.ok(

@@ -153,12 +153,18 @@ mod tests {
         assert_eq!(parse_mem("128"), Ok(128 << 20));
         assert_eq!(parse_mem("1G"), Ok(1 << 30));
         assert_eq!(parse_mem("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_mem("65537K"), Ok((65537u64 << 10).div_ceil(4096) * 4096));
+        assert_eq!(
+            parse_mem("65537K"),
+            Ok((65537u64 << 10).div_ceil(4096) * 4096)
+        );
         assert_eq!(parse_mem("0"), Err(ConfigError::MemZero));
         assert_eq!(parse_mem("0G"), Err(ConfigError::MemZero));
         assert!(matches!(parse_mem("1M"), Err(ConfigError::MemTooSmall(_))));
         for bad in ["", "abc", "12Q", "-1", "1.5G", "99999999999999999999T", "M"] {
-            assert!(matches!(parse_mem(bad), Err(ConfigError::MemParse(_))), "{bad}");
+            assert!(
+                matches!(parse_mem(bad), Err(ConfigError::MemParse(_))),
+                "{bad}"
+            );
         }
         assert!(matches!(
             check_mem_fits(1 << 60, "1048576T"),
@@ -174,9 +180,18 @@ mod tests {
         assert_eq!(parse_cpus("0", 32), Err(ConfigError::CpusZero));
         assert_eq!(
             parse_cpus("33", 32),
-            Err(ConfigError::CpusTooMany { asked: 33, limit: 32 })
+            Err(ConfigError::CpusTooMany {
+                asked: 33,
+                limit: 32
+            })
         );
-        assert!(matches!(parse_cpus("two", 32), Err(ConfigError::CpusParse(_))));
-        assert!(matches!(parse_cpus("-1", 32), Err(ConfigError::CpusParse(_))));
+        assert!(matches!(
+            parse_cpus("two", 32),
+            Err(ConfigError::CpusParse(_))
+        ));
+        assert!(matches!(
+            parse_cpus("-1", 32),
+            Err(ConfigError::CpusParse(_))
+        ));
     }
 }

@@ -104,9 +104,8 @@ pub fn spawn_input<W: Write + Send + 'static>(
             let mut bytes = Vec::with_capacity(buf.len());
             loop {
                 // SAFETY: reading into a buffer we own, within its length.
-                let n = unsafe {
-                    libc::read(libc::STDIN_FILENO, buf.as_mut_ptr().cast(), buf.len())
-                };
+                let n =
+                    unsafe { libc::read(libc::STDIN_FILENO, buf.as_mut_ptr().cast(), buf.len()) };
                 if n == 0 {
                     log::debug!("console: end of input; the guest keeps running");
                     return;
@@ -237,7 +236,8 @@ mod tests {
 
         let exit = Arc::new(ExitSignal::new().unwrap());
         let mut c = ConsoleOut::new(Vec::new(), exit.clone());
-        c.write_all(b"hello\n[   70.1] reboot: Power down\r\n").unwrap();
+        c.write_all(b"hello\n[   70.1] reboot: Power down\r\n")
+            .unwrap();
         assert_eq!(exit.wait(), VmExit::PowerOff);
     }
 

@@ -84,6 +84,10 @@ mod tests {
         assert_eq!(e[1].eax & KVM_PV_FEATURES_THAT_HANG, 0);
         let one = for_vcpu(&table(), 0, 1, HostKind::Hardware);
         assert_eq!(one.as_slice()[0].edx & EDX_HTT, 0);
-        assert_eq!(one.as_slice()[1].eax, 0xffff_ffff, "hardware hosts keep PV features");
+        assert_eq!(
+            one.as_slice()[1].eax,
+            0xffff_ffff,
+            "hardware hosts keep PV features"
+        );
     }
 }

@@ -55,6 +55,10 @@ struct RunArgs {
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_MEM,
           value_parser = config::parse_mem)]
     mem: u64,
+    /// Print the kernel command line the guest would get (with what this
+    /// host needs appended) and exit.
+    #[arg(long)]
+    print_cmdline: bool,
     /// Number of vCPUs (1 to 32).
     #[arg(long, value_name = "N", default_value = "1",
           value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
@@ -74,9 +78,12 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
-                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand)
-            {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 e.exit();
             }
             // One line: clap's first line, without its usage block.
@@ -87,6 +94,13 @@ fn main() -> ExitCode {
         }
     };
     let Command::Run(args) = cli.command;
+    if args.print_cmdline {
+        println!(
+            "{}",
+            vmm::vm::effective_cmdline(&args.cmdline, vmm::host::HostKind::detect())
+        );
+        return ExitCode::SUCCESS;
+    }
 
     let asked_mem = format!("{}M", args.mem >> 20);
     if let Err(e) = config::check_mem_fits(args.mem, &asked_mem) {

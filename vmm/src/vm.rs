@@ -10,9 +10,7 @@ use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
 use devices::Bus;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
-use vm_memory::{
-    Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-};
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::{self, cpu, layout};
@@ -58,7 +56,9 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 pub fn open_kvm() -> Result<Kvm, VmError> {
     Kvm::new().map_err(|e| {
         VmError::KvmOpen(match e.errno() {
-            libc::ENOENT => "no such device: this host has no KVM (load kvm_intel, kvm_amd or kvm_pvm)".into(),
+            libc::ENOENT => {
+                "no such device: this host has no KVM (load kvm_intel, kvm_amd or kvm_pvm)".into()
+            }
             libc::EACCES | libc::EPERM => {
                 "permission denied: run as root or add your user to the 'kvm' group".into()
             }
@@ -93,14 +93,17 @@ fn create_memory(vm: &VmFd, size: u64) -> Result<GuestMemoryMmap, VmError> {
     Ok(mem)
 }
 
-/// The command line the guest gets: the user's, then the host's needs.
+/// The command line the guest gets: the user's, then each parameter the
+/// host needs that the user's line does not already have.
 pub fn effective_cmdline(user: &str, host: HostKind) -> String {
-    let extra = host.guest_params();
-    if extra.is_empty() {
-        user.trim().to_string()
-    } else {
-        format!("{} {}", user.trim(), extra).trim().to_string()
+    let have: Vec<&str> = user.split_whitespace().collect();
+    let mut out: Vec<&str> = have.clone();
+    for p in host.guest_params().split_whitespace() {
+        if !have.contains(&p) {
+            out.push(p);
+        }
     }
+    out.join(" ")
 }
 
 /// Runs the VM until it ends. Errors are for what fails before it runs.
@@ -116,7 +119,8 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
         flags: KVM_PIT_SPEAKER_DUMMY,
         ..Default::default()
     };
-    vm.create_pit2(pit).map_err(kvm_err("create the in-kernel PIT"))?;
+    vm.create_pit2(pit)
+        .map_err(kvm_err("create the in-kernel PIT"))?;
 
     let mem = create_memory(&vm, cfg.mem_bytes)?;
     let cmdline = effective_cmdline(&cfg.cmdline, host);
@@ -189,9 +193,17 @@ mod tests {
 
     #[test]
     fn host_params_are_appended_only_on_emulated_hosts() {
-        assert_eq!(effective_cmdline(" console=ttyS0 ", HostKind::Hardware), "console=ttyS0");
+        assert_eq!(
+            effective_cmdline(" console=ttyS0 ", HostKind::Hardware),
+            "console=ttyS0"
+        );
         let e = effective_cmdline("console=ttyS0", HostKind::Emulated);
         assert!(e.starts_with("console=ttyS0 noxsave"), "{e}");
         assert!(e.contains("tandem_syscall_fixup"));
+        assert_eq!(
+            effective_cmdline(&e, HostKind::Emulated),
+            e,
+            "nothing appended twice"
+        );
     }
 }

@@ -207,7 +207,10 @@ mod tests {
     fn gdt_entries_decode_to_flat_segments() {
         let code = segment(gdt_entry(0xa09b, 0, 0xfffff), 1);
         assert_eq!((code.base, code.limit, code.selector), (0, 0xffff_ffff, 8));
-        assert_eq!((code.l, code.db, code.present, code.s, code.type_), (1, 0, 1, 1, 0xb));
+        assert_eq!(
+            (code.l, code.db, code.present, code.s, code.type_),
+            (1, 0, 1, 1, 0xb)
+        );
         let data = segment(gdt_entry(0xc093, 0, 0xfffff), 2);
         assert_eq!((data.db, data.l, data.type_, data.selector), (1, 0, 3, 16));
         let null = segment(gdt_entry(0, 0, 0), 0);

@@ -52,7 +52,10 @@ mod tests {
         assert_eq!(ram_ranges(MMIO_GAP_START), vec![(0, MMIO_GAP_START)]);
         assert_eq!(
             ram_ranges(4 << 30),
-            vec![(0, MMIO_GAP_START), (MMIO_GAP_END, (4 << 30) - MMIO_GAP_START)]
+            vec![
+                (0, MMIO_GAP_START),
+                (MMIO_GAP_END, (4 << 30) - MMIO_GAP_START)
+            ]
         );
     }
 }

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use linux_loader::cmdline::Cmdline;
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use linux_loader::loader::{self, BzImage, Elf, KernelLoader};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 
 use layout::*;
 
@@ -30,7 +32,11 @@ pub enum BootError {
     #[error("cannot open initrd {path}: {err}")]
     InitrdOpen { path: PathBuf, err: std::io::Error },
     #[error("initrd {path} ({size} bytes) does not fit in guest memory below {limit:#x} above the kernel")]
-    InitrdTooBig { path: PathBuf, size: u64, limit: u64 },
+    InitrdTooBig {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
     #[error("initrd {path} is not an initramfs (no cpio or compressed-cpio signature)")]
     InitrdFormat { path: PathBuf },
     #[error("initrd {path} is empty")]
@@ -90,30 +96,32 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootErro
             err,
         })?;
 
-    let (result, bzimage) = if is_elf {
-        let r = Elf::load(mem, None, &mut kernel, Some(GuestAddress(HIMEM_START)))
-            .map_err(|err| BootError::KernelLoad {
-                path: kpath.clone(),
-                err,
-            })?;
-        (r, false)
-    } else {
-        let r = BzImage::load(mem, None, &mut kernel, Some(GuestAddress(HIMEM_START)))
-            .map_err(|err| match err {
-                loader::Error::Bzimage(
-                    loader::bzimage::Error::InvalidBzImage
-                    | loader::bzimage::Error::ReadBzImageHeader
-                    | loader::bzimage::Error::Underflow,
-                ) => BootError::KernelFormat {
-                    path: kpath.clone(),
-                },
-                err => BootError::KernelLoad {
+    let (result, bzimage) =
+        if is_elf {
+            let r = Elf::load(mem, None, &mut kernel, Some(GuestAddress(HIMEM_START))).map_err(
+                |err| BootError::KernelLoad {
                     path: kpath.clone(),
                     err,
                 },
-            })?;
-        (r, true)
-    };
+            )?;
+            (r, false)
+        } else {
+            let r = BzImage::load(mem, None, &mut kernel, Some(GuestAddress(HIMEM_START)))
+                .map_err(|err| match err {
+                    loader::Error::Bzimage(
+                        loader::bzimage::Error::InvalidBzImage
+                        | loader::bzimage::Error::ReadBzImageHeader
+                        | loader::bzimage::Error::Underflow,
+                    ) => BootError::KernelFormat {
+                        path: kpath.clone(),
+                    },
+                    err => BootError::KernelLoad {
+                        path: kpath.clone(),
+                        err,
+                    },
+                })?;
+            (r, true)
+        };
 
     let mut params = boot_params::default();
     if let Some(hdr) = result.setup_header {
@@ -195,16 +203,16 @@ fn build_cmdline(s: &str, max: usize) -> Result<Cmdline, BootError> {
 /// cpio archive (newc, crc, odc) or one compressed in a format Linux knows.
 pub fn is_initramfs(head: &[u8]) -> bool {
     const MAGICS: [&[u8]; 10] = [
-        b"070701",                            // cpio newc
-        b"070702",                            // cpio newc with CRC
-        b"070707",                            // cpio odc
-        &[0x1f, 0x8b],                        // gzip
-        b"BZh",                               // bzip2
-        &[0x5d, 0x00, 0x00],                  // lzma
+        b"070701",                             // cpio newc
+        b"070702",                             // cpio newc with CRC
+        b"070707",                             // cpio odc
+        &[0x1f, 0x8b],                         // gzip
+        b"BZh",                                // bzip2
+        &[0x5d, 0x00, 0x00],                   // lzma
         &[0xfd, b'7', b'z', b'X', b'Z', 0x00], // xz
-        &[0x89, b'L', b'Z', b'O'],            // lzo
-        &[0x02, 0x21, 0x4c, 0x18],            // lz4 (legacy frame)
-        &[0x28, 0xb5, 0x2f, 0xfd],            // zstd
+        &[0x89, b'L', b'Z', b'O'],             // lzo
+        &[0x02, 0x21, 0x4c, 0x18],             // lz4 (legacy frame)
+        &[0x28, 0xb5, 0x2f, 0xfd],             // zstd
     ];
     MAGICS.iter().any(|m| head.starts_with(m))
 }
@@ -240,10 +248,11 @@ fn load_initrd(
     if !is_initramfs(&head[..got]) {
         return Err(BootError::InitrdFormat { path: p });
     }
-    f.seek(SeekFrom::Start(0)).map_err(|e| BootError::InitrdRead {
-        path: p.clone(),
-        err: e.to_string(),
-    })?;
+    f.seek(SeekFrom::Start(0))
+        .map_err(|e| BootError::InitrdRead {
+            path: p.clone(),
+            err: e.to_string(),
+        })?;
     let low_end = mem
         .iter()
         .map(|r| r.start_addr().raw_value() + r.len())
@@ -287,7 +296,10 @@ mod tests {
         assert!(build_cmdline(&"a".repeat(CMDLINE_MAX_SIZE - 1), CMDLINE_MAX_SIZE).is_ok());
         assert!(matches!(
             build_cmdline(&"a".repeat(CMDLINE_MAX_SIZE), CMDLINE_MAX_SIZE),
-            Err(BootError::CmdlineTooLong { len: 2048, max: 2047 })
+            Err(BootError::CmdlineTooLong {
+                len: 2048,
+                max: 2047
+            })
         ));
         assert!(build_cmdline("", CMDLINE_MAX_SIZE).is_ok());
     }
