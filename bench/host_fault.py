@@ -46,11 +46,12 @@ def measure(tandem, flush, n, cpus):
         p.stdin.write(b"stty -echo\n")
         p.stdin.write(
             f"f=0; i=0; while [ $i -lt {n} ]; do r=$(seq 1 50 | grep 3 | wc -l); "
-            f"[ \"$r\" = 14 ] || f=$((f+1)); i=$((i+1)); done; echo \"fails=$((f))/$((i))\"\n"
+            f"[ \"$r\" = 14 ] || f=$((f+1)); i=$((i+1)); done; echo \"F$((0))AILS=$f/$i\"\n"
             .encode())
         p.stdin.flush()
-        out, _ = read_until(p, b"fails=", 3600, rest)
-        tail, _ = read_until(p, b"\n", 60, b"")
+        # The marker is computed by the shell: the echoed command never matches.
+        out, rest = read_until(p, b"F0AILS=", 3600, rest)
+        tail, _ = read_until(p, b"\n", 60, rest)
         segv = out.count(b"Segmentation fault")
         return tail.decode().strip(), segv
     finally:

@@ -8,5 +8,6 @@
 pub mod bus;
 pub mod i8042;
 pub mod serial;
+pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError};

@@ -33,6 +33,16 @@ pub static COMPLETED_UD2: AtomicU64 = AtomicU64::new(0);
 /// FWAIT completions.
 pub static COMPLETED_FWAIT: AtomicU64 = AtomicU64::new(0);
 
+/// A one-line summary of the completions so far, for the log.
+pub fn summary() -> String {
+    format!(
+        "instructions completed for the emulator: INT3 {}, UD2 {}, FWAIT {}",
+        COMPLETED_INT3.load(Ordering::Relaxed),
+        COMPLETED_UD2.load(Ordering::Relaxed),
+        COMPLETED_FWAIT.load(Ordering::Relaxed)
+    )
+}
+
 /// Why an internal error could not be completed.
 #[derive(Debug, thiserror::Error)]
 pub enum EmulationError {

@@ -107,6 +107,8 @@ pub fn effective_cmdline(user: &str, host: HostKind) -> String {
 }
 
 /// Runs the VM until it ends. Errors are for what fails before it runs.
+/// The vCPU threads are not joined: the caller exits the process, which
+/// ends them (they hold their own references to the VM and its memory).
 pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     let host = HostKind::detect();
     let kvm = open_kvm()?;
@@ -183,7 +185,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     }
     let why = exit.wait();
     console::restore_terminal();
-    let _ = vm; // the VM and its memory live until the process exits
+    log::info!("{}", crate::emulation::summary());
     Ok(why)
 }
 

@@ -1,0 +1,62 @@
+//! Virtio devices and their virtio-mmio (version 2) transport.
+//!
+//! `mmio` owns the register file a driver programs (features, queues,
+//! status, interrupts); a device implements [`VirtioDevice`] and only sees
+//! negotiated features and ready queues when the driver sets DRIVER_OK.
+
+pub mod mmio;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+
+/// Feature bit: the device conforms to virtio 1.x (required by mmio v2).
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+/// Feature bit: used/avail event index suppression.
+pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+
+/// Device status bits (virtio 1.2, 2.1).
+pub mod status {
+    pub const ACKNOWLEDGE: u32 = 1;
+    pub const DRIVER: u32 = 2;
+    pub const DRIVER_OK: u32 = 4;
+    pub const FEATURES_OK: u32 = 8;
+    pub const DEVICE_NEEDS_RESET: u32 = 64;
+    pub const FAILED: u32 = 128;
+}
+
+/// Interrupt status bits.
+pub const INT_USED_RING: u32 = 1;
+/// The device configuration changed.
+pub const INT_CONFIG: u32 = 2;
+
+/// Why a device could not start.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ActivateError {
+    #[error("queue {0} is not valid in guest memory")]
+    BadQueue(usize),
+    #[error("the device cannot start: {0}")]
+    Device(String),
+}
+
+/// A virtio device behind a transport.
+pub trait VirtioDevice: Send {
+    /// The virtio device id (1 = net, 2 = block).
+    fn device_type(&self) -> u32;
+    /// The largest size of each queue; the number of queues is its length.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Features offered to the driver.
+    fn features(&self) -> u64;
+    /// A driver read of the device configuration space.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// A driver write to the device configuration space.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// Starts the device with the features the driver accepted and its queues.
+    fn activate(
+        &mut self,
+        acked_features: u64,
+        queues: Vec<Queue>,
+        mem: GuestMemoryMmap,
+    ) -> Result<(), ActivateError>;
+    /// Stops the device and forgets its queues (driver reset).
+    fn reset(&mut self);
+}
