@@ -5,6 +5,9 @@
 //! negotiated features and ready queues when the driver sets DRIVER_OK.
 
 pub mod mmio;
+pub mod net;
+#[cfg(test)]
+pub(crate) mod test_util;
 
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;

@@ -1,0 +1,184 @@
+//! The virtio-net device: features, configuration space (MAC, link status)
+//! and activation. Queue processing happens in `handler` on the VMM thread;
+//! activation (on a vCPU thread) hands it the queues through `NetState`.
+
+use std::sync::{Arc, Mutex};
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::features::*;
+use super::metrics::NetMetrics;
+use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
+use crate::virtio::{ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
+
+/// Virtio device id of a network card.
+pub const TYPE_NET: u32 = 1;
+/// Queue size offered for RX and TX.
+pub const QUEUE_SIZE: u16 = 256;
+const STATUS_LINK_UP: u16 = 1;
+
+/// What the user asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetConfig {
+    pub tap: String,
+    pub mac: [u8; 6],
+}
+
+/// State shared between the device (activation, reset) and its handler.
+#[derive(Default)]
+pub struct NetState {
+    /// Set on activation, cleared on reset.
+    pub active: Option<Active>,
+}
+
+/// A running device's queues and negotiated features.
+pub struct Active {
+    pub rx: Queue,
+    pub tx: Queue,
+    pub mem: GuestMemoryMmap,
+    pub mergeable: bool,
+}
+
+/// The virtio-net device.
+pub struct Net {
+    config: NetConfig,
+    tap: Arc<Tap>,
+    state: Arc<Mutex<NetState>>,
+    activate_evt: EventFd,
+    pub metrics: Arc<NetMetrics>,
+}
+
+const OFFERED: u64 = CSUM
+    | GUEST_CSUM
+    | MAC
+    | GUEST_TSO4
+    | GUEST_TSO6
+    | HOST_TSO4
+    | HOST_TSO6
+    | MRG_RXBUF
+    | STATUS
+    | VIRTIO_RING_F_EVENT_IDX;
+
+impl Net {
+    /// Opens the tap and builds the device. `activate_evt` is written when
+    /// the driver starts the device.
+    pub fn new(config: NetConfig, activate_evt: EventFd) -> Result<Net, TapError> {
+        let tap = Arc::new(Tap::open(&config.tap)?);
+        Ok(Net {
+            config,
+            tap,
+            state: Arc::new(Mutex::new(NetState::default())),
+            activate_evt,
+            metrics: Arc::new(NetMetrics::default()),
+        })
+    }
+
+    /// The tap, shared with the handler.
+    pub fn tap(&self) -> Arc<Tap> {
+        self.tap.clone()
+    }
+
+    /// The state, shared with the handler.
+    pub fn state(&self) -> Arc<Mutex<NetState>> {
+        self.state.clone()
+    }
+
+    fn config_bytes(&self) -> [u8; 10] {
+        let mut c = [0u8; 10];
+        c[..6].copy_from_slice(&self.config.mac);
+        c[6..8].copy_from_slice(&STATUS_LINK_UP.to_le_bytes());
+        c[8..10].copy_from_slice(&1u16.to_le_bytes()); // max_virtqueue_pairs
+        c
+    }
+}
+
+/// The tap offloads matching what the guest can receive.
+pub fn tap_offloads(acked: u64) -> u32 {
+    let mut f = 0;
+    if acked & GUEST_CSUM != 0 {
+        f |= TUN_F_CSUM;
+        if acked & GUEST_TSO4 != 0 {
+            f |= TUN_F_TSO4;
+        }
+        if acked & GUEST_TSO6 != 0 {
+            f |= TUN_F_TSO6;
+        }
+    }
+    f
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        TYPE_NET
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn features(&self) -> u64 {
+        OFFERED
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let c = self.config_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = usize::try_from(offset)
+                .ok()
+                .and_then(|o| o.checked_add(i))
+                .and_then(|o| c.get(o).copied())
+                .unwrap_or(0);
+        }
+    }
+
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
+        // The MAC is read-only in virtio 1.x without VIRTIO_NET_F_CTRL_MAC_ADDR.
+        crate::virtio::net::metrics::NetMetrics::add(&self.metrics.bad_register_accesses, 1);
+    }
+
+    fn activate(
+        &mut self,
+        acked: u64,
+        mut queues: Vec<Queue>,
+        mem: GuestMemoryMmap,
+    ) -> Result<(), ActivateError> {
+        if queues.len() != 2 {
+            return Err(ActivateError::Device("virtio-net needs 2 queues".into()));
+        }
+        self.tap
+            .set_offload(tap_offloads(acked))
+            .map_err(|e| ActivateError::Device(e.to_string()))?;
+        let tx = queues.pop().ok_or(ActivateError::BadQueue(1))?;
+        let rx = queues.pop().ok_or(ActivateError::BadQueue(0))?;
+        crate::bus::lock(&self.state).active = Some(Active {
+            rx,
+            tx,
+            mem,
+            mergeable: acked & MRG_RXBUF != 0,
+        });
+        self.activate_evt
+            .write(1)
+            .map_err(|e| ActivateError::Device(e.to_string()))
+    }
+
+    fn reset(&mut self) {
+        crate::bus::lock(&self.state).active = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offloads_follow_guest_features() {
+        assert_eq!(tap_offloads(0), 0);
+        assert_eq!(tap_offloads(GUEST_TSO4), 0, "TSO needs checksum offload");
+        assert_eq!(
+            tap_offloads(GUEST_CSUM | GUEST_TSO4 | GUEST_TSO6),
+            TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
+        );
+    }
+}
