@@ -5,6 +5,8 @@
 //! so a test boots once and runs many checks. Commands run one at a time
 //! (see the README's known issues). The VMM process is always killed on drop.
 
+pub mod netns;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -101,8 +103,13 @@ pub struct TestVm {
 impl TestVm {
     /// Starts `tandem run <args>` with piped stdio.
     pub fn start(args: &[&str]) -> TestVm {
+        Self::start_with(Command::new(tandem_bin()), args)
+    }
+
+    /// Starts `tandem run <args>` through `cmd` (e.g. `ip netns exec NS tandem`).
+    pub fn start_with(mut cmd: Command, args: &[&str]) -> TestVm {
         require_kvm();
-        let mut child = Command::new(tandem_bin())
+        let mut child = cmd
             .arg("run")
             .args(args)
             .stdin(Stdio::piped())
@@ -142,6 +149,11 @@ impl TestVm {
         let mut vm = TestVm::start(&args);
         vm.wait_ready();
         vm
+    }
+
+    /// The VMM's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Waits for the ready marker, then turns console echo off so that

@@ -28,6 +28,12 @@ pub enum ConfigError {
     CpusZero,
     #[error("vCPU count {asked} is above the limit of {limit}")]
     CpusTooMany { asked: u64, limit: u8 },
+    #[error("--net '{0}': expected tap=NAME[,mac=AA:BB:CC:DD:EE:FF]")]
+    NetSyntax(String),
+    #[error("--net '{0}': '{1}' is not a MAC address (six hex bytes with ':')")]
+    NetMac(String, String),
+    #[error("--net '{0}': tap name must be 1 to 15 bytes")]
+    NetTapName(String),
     #[error(
         "no --kernel given and the default guest is not built ({0} is missing): \
          run resources/build-guest.sh"
@@ -131,6 +137,66 @@ pub fn default_guest() -> Result<(PathBuf, PathBuf), ConfigError> {
     Ok((kernel, initrd))
 }
 
+/// One `--net` option: a virtio-net device on a tap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetSpec {
+    pub tap: String,
+    pub mac: Option<[u8; 6]>,
+}
+
+/// Parses `tap=NAME[,mac=MAC]`.
+pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
+    let mut tap = None;
+    let mut mac = None;
+    for part in s.split(',') {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| ConfigError::NetSyntax(s.to_string()))?;
+        match k {
+            "tap" => tap = Some(v.to_string()),
+            "mac" => {
+                mac = Some(
+                    parse_mac(v)
+                        .ok_or_else(|| ConfigError::NetMac(s.to_string(), v.to_string()))?,
+                )
+            }
+            _ => return Err(ConfigError::NetSyntax(s.to_string())),
+        }
+    }
+    let tap = tap.ok_or_else(|| ConfigError::NetSyntax(s.to_string()))?;
+    if tap.is_empty() || tap.len() > 15 || tap.contains('/') {
+        return Err(ConfigError::NetTapName(s.to_string()));
+    }
+    Ok(NetSpec { tap, mac })
+}
+
+fn parse_mac(v: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = v.split(':').collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    for (m, p) in mac.iter_mut().zip(parts) {
+        if p.len() != 2 {
+            return None;
+        }
+        *m = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(mac)
+}
+
+/// The MAC of NIC `index` when the user gives none (locally administered).
+pub fn default_mac(index: usize) -> [u8; 6] {
+    [
+        0x52,
+        0x54,
+        0x00,
+        0x12,
+        0x34,
+        0x56u8.wrapping_add(index as u8),
+    ]
+}
+
 /// A VM to run.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -141,6 +207,9 @@ pub struct VmConfig {
     pub cmdline: String,
     pub mem_bytes: u64,
     pub cpus: u8,
+    pub nets: Vec<NetSpec>,
+    /// Where to write device counters as JSON (every second and at exit).
+    pub metrics: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -171,6 +240,46 @@ mod tests {
             Err(ConfigError::MemTooBig { .. })
         ));
         assert_eq!(check_mem_fits(16 << 20, "16M"), Ok(()));
+    }
+
+    #[test]
+    fn net_options() {
+        assert_eq!(
+            parse_net("tap=tap0"),
+            Ok(NetSpec {
+                tap: "tap0".into(),
+                mac: None
+            })
+        );
+        assert_eq!(
+            parse_net("tap=t1,mac=52:54:00:AB:cd:01"),
+            Ok(NetSpec {
+                tap: "t1".into(),
+                mac: Some([0x52, 0x54, 0, 0xab, 0xcd, 1])
+            })
+        );
+        assert!(matches!(parse_net("tap0"), Err(ConfigError::NetSyntax(_))));
+        assert!(matches!(
+            parse_net("mac=52:54:00:00:00:01"),
+            Err(ConfigError::NetSyntax(_))
+        ));
+        assert!(matches!(
+            parse_net("tap=x,bogus=1"),
+            Err(ConfigError::NetSyntax(_))
+        ));
+        assert!(matches!(
+            parse_net("tap=x,mac=1:2:3"),
+            Err(ConfigError::NetMac(..))
+        ));
+        assert!(matches!(
+            parse_net("tap=x,mac=zz:00:00:00:00:00"),
+            Err(ConfigError::NetMac(..))
+        ));
+        assert!(matches!(
+            parse_net("tap=0123456789abcdef"),
+            Err(ConfigError::NetTapName(_))
+        ));
+        assert!(matches!(parse_net("tap="), Err(ConfigError::NetTapName(_))));
     }
 
     #[test]

@@ -43,6 +43,15 @@ pub fn summary() -> String {
     )
 }
 
+/// The counts as JSON, for the metrics file.
+pub fn counts() -> serde_json::Value {
+    serde_json::json!({
+        "int3": COMPLETED_INT3.load(Ordering::Relaxed),
+        "ud2": COMPLETED_UD2.load(Ordering::Relaxed),
+        "fwait": COMPLETED_FWAIT.load(Ordering::Relaxed),
+    })
+}
+
 /// Why an internal error could not be completed.
 #[derive(Debug, thiserror::Error)]
 pub enum EmulationError {

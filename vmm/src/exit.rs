@@ -89,6 +89,17 @@ impl ExitSignal {
                 }
             }
         }
+        self.reason()
+    }
+
+    /// The eventfd that becomes readable when the VM ends (for epoll).
+    pub fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.evt.as_raw_fd()
+    }
+
+    /// Why the VM ended, once its eventfd fired.
+    pub fn reason(&self) -> VmExit {
         let reason = devices::bus::lock(&self.reason).take();
         match (reason, self.panic_line()) {
             (Some(VmExit::Reboot) | None, Some(p)) => VmExit::Panic(p),

@@ -59,6 +59,13 @@ struct RunArgs {
     /// host needs appended) and exit.
     #[arg(long)]
     print_cmdline: bool,
+    /// A virtio-net device on tap NAME (created if absent), with an
+    /// optional MAC; repeatable (eth0, eth1, ... in that order).
+    #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]", value_parser = config::parse_net)]
+    nets: Vec<config::NetSpec>,
+    /// Write device counters as JSON to PATH, every second and at exit.
+    #[arg(long, value_name = "PATH")]
+    metrics: Option<PathBuf>,
     /// Number of vCPUs (1 to 32).
     #[arg(long, value_name = "N", default_value = "1",
           value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
@@ -119,6 +126,8 @@ fn main() -> ExitCode {
         cmdline: args.cmdline,
         mem_bytes: args.mem,
         cpus: args.cpus,
+        nets: args.nets,
+        metrics: args.metrics,
     };
     match vmm::vm::run(&cfg) {
         Ok(why) => {

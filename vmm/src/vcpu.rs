@@ -19,6 +19,7 @@ pub struct Vcpu {
     pub fd: VcpuFd,
     pub id: u8,
     pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
     pub mem: GuestMemoryMmap,
     pub exit: Arc<ExitSignal>,
 }
@@ -46,11 +47,15 @@ impl Vcpu {
                     self.pio.write(u64::from(port), data);
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
-                    log::debug!("vcpu{}: read of unclaimed MMIO {addr:#x}", self.id);
-                    data.fill(0xff);
+                    if !self.mmio.read(addr, data) {
+                        log::debug!("vcpu{}: read of unclaimed MMIO {addr:#x}", self.id);
+                        data.fill(0xff);
+                    }
                 }
-                Ok(VcpuExit::MmioWrite(addr, _)) => {
-                    log::debug!("vcpu{}: write to unclaimed MMIO {addr:#x}", self.id);
+                Ok(VcpuExit::MmioWrite(addr, data)) => {
+                    if !self.mmio.write(addr, data) {
+                        log::debug!("vcpu{}: write to unclaimed MMIO {addr:#x}", self.id);
+                    }
                 }
                 Ok(VcpuExit::Hlt) | Ok(VcpuExit::Intr) | Ok(VcpuExit::IrqWindowOpen) => {}
                 Ok(VcpuExit::Shutdown) => {

@@ -5,16 +5,26 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
 use devices::i8042::I8042;
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
+use devices::virtio::mmio::{Interrupt, MmioTransport, MMIO_WINDOW, NOTIFY_OFFSET};
+use devices::virtio::net::handler::NetHandler;
+use devices::virtio::net::metrics::NetMetrics;
+use devices::virtio::net::{Net, NetConfig};
 use devices::Bus;
+use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::IoEventAddress;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::{self, cpu, layout};
-use crate::config::VmConfig;
+use crate::config::{self, VmConfig};
 use crate::console::{self, ConsoleOut};
 use crate::cpuid;
 use crate::exit::{ExitSignal, VmExit};
@@ -23,6 +33,10 @@ use crate::vcpu::Vcpu;
 
 const I8042_PORT: u64 = 0x60;
 const I8042_PORTS: u64 = 5;
+/// virtio-mmio devices take IRQs from here up to the last IOAPIC pin.
+const VIRTIO_IRQ_BASE: u32 = 5;
+const VIRTIO_IRQ_LAST: u32 = 23;
+const METRICS_PERIOD: Duration = Duration::from_secs(1);
 
 /// Errors before the guest runs.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +58,12 @@ pub enum VmError {
     Cpuid(#[from] cpuid::CpuidError),
     #[error("cannot set up devices: {0}")]
     Devices(String),
+    #[error("--net tap={tap}: {err}")]
+    Net { tap: String, err: String },
+    #[error("too many devices: at most {0} virtio devices")]
+    TooManyDevices(u32),
+    #[error("cannot write metrics to {path}: {err}")]
+    Metrics { path: String, err: String },
     #[error("cannot start a thread or eventfd: {0}")]
     Io(#[from] io::Error),
 }
@@ -125,7 +145,29 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
         .map_err(kvm_err("create the in-kernel PIT"))?;
 
     let mem = create_memory(&vm, cfg.mem_bytes)?;
-    let cmdline = effective_cmdline(&cfg.cmdline, host);
+    let exit = Arc::new(ExitSignal::new()?);
+    let mut em = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
+        .map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
+
+    // virtio-mmio devices, each announced on the command line.
+    let mut mmio = Bus::new();
+    let mut announce = String::new();
+    let mut nets: Vec<NetReport> = Vec::new();
+    for (i, spec) in cfg.nets.iter().enumerate() {
+        let base = layout::MMIO_GAP_START + i as u64 * MMIO_WINDOW;
+        let irq = VIRTIO_IRQ_BASE + i as u32;
+        if irq > VIRTIO_IRQ_LAST {
+            return Err(VmError::TooManyDevices(
+                VIRTIO_IRQ_LAST - VIRTIO_IRQ_BASE + 1,
+            ));
+        }
+        let report = add_net(&vm, &mem, &mut mmio, &mut em, spec, i, base, irq)?;
+        nets.push(report);
+        announce.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{irq}"));
+    }
+    let mmio = Arc::new(mmio);
+
+    let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
     log::info!("host: {host:?}; kernel command line: {cmdline}");
     let info = boot::load(
         &mem,
@@ -137,7 +179,6 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
         },
     )?;
 
-    let exit = Arc::new(ExitSignal::new()?);
     let serial_irq = EventFd::new(libc::EFD_NONBLOCK)?;
     vm.register_irqfd(&serial_irq, COM1_IRQ)
         .map_err(kvm_err("register the serial interrupt"))?;
@@ -173,9 +214,20 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
             fd,
             id,
             pio: pio.clone(),
+            mmio: mmio.clone(),
             mem: mem.clone(),
             exit: exit.clone(),
         });
+    }
+
+    let ended = Arc::new(AtomicBool::new(false));
+    em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
+        fd: exit.as_raw_fd(),
+        ended: ended.clone(),
+    })));
+    let metrics = cfg.metrics.as_deref();
+    if let Some(path) = metrics {
+        write_metrics(path, &nets)?;
     }
 
     let raw = console::enter_raw_mode();
@@ -183,10 +235,138 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     for v in vcpus {
         v.spawn()?;
     }
-    let why = exit.wait();
+    // The VMM thread: device events until the VM ends.
+    let mut last_metrics = Instant::now();
+    while !ended.load(Ordering::SeqCst) {
+        if let Err(e) = em.run_with_timeout(METRICS_PERIOD.as_millis() as i32) {
+            log::error!("event loop: {e:?}");
+        }
+        if let Some(path) = metrics {
+            if last_metrics.elapsed() >= METRICS_PERIOD {
+                last_metrics = Instant::now();
+                if let Err(e) = write_metrics(path, &nets) {
+                    log::warn!("{e}");
+                }
+            }
+        }
+    }
+    let why = exit.reason();
     console::restore_terminal();
+    if let Some(path) = metrics {
+        if let Err(e) = write_metrics(path, &nets) {
+            log::warn!("{e}");
+        }
+    }
     log::info!("{}", crate::emulation::summary());
     Ok(why)
+}
+
+/// What the metrics file says of one NIC.
+struct NetReport {
+    tap: String,
+    counters: Arc<NetMetrics>,
+    bad_accesses: Arc<AtomicU64>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add_net(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    mmio: &mut Bus,
+    em: &mut EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
+    spec: &config::NetSpec,
+    index: usize,
+    base: u64,
+    irq: u32,
+) -> Result<NetReport, VmError> {
+    let net_err = |err: String| VmError::Net {
+        tap: spec.tap.clone(),
+        err,
+    };
+    let activate = EventFd::new(libc::EFD_NONBLOCK)?;
+    let net = Net::new(
+        NetConfig {
+            tap: spec.tap.clone(),
+            mac: spec.mac.unwrap_or_else(|| config::default_mac(index)),
+        },
+        activate.try_clone()?,
+    )
+    .map_err(|e| net_err(e.to_string()))?;
+    let irq_evt = EventFd::new(libc::EFD_NONBLOCK)?;
+    vm.register_irqfd(&irq_evt, irq)
+        .map_err(kvm_err("register a virtio interrupt"))?;
+    let interrupt = Arc::new(Interrupt::new(irq_evt));
+    let queue_evts = [
+        EventFd::new(libc::EFD_NONBLOCK)?,
+        EventFd::new(libc::EFD_NONBLOCK)?,
+    ];
+    for (q, evt) in queue_evts.iter().enumerate() {
+        vm.register_ioevent(evt, &IoEventAddress::Mmio(base + NOTIFY_OFFSET), q as u32)
+            .map_err(kvm_err("register a queue notification"))?;
+    }
+    let transport_evts = vec![queue_evts[0].try_clone()?, queue_evts[1].try_clone()?];
+    let counters = net.metrics.clone();
+    let handler = NetHandler::new(
+        net.state(),
+        net.tap(),
+        activate,
+        queue_evts,
+        interrupt.clone(),
+        counters.clone(),
+    );
+    let transport = MmioTransport::new(Box::new(net), mem.clone(), interrupt, transport_evts)
+        .map_err(|e| net_err(format!("queues: {e:?}")))?;
+    let bad_accesses = transport.bad_accesses();
+    mmio.insert(Arc::new(Mutex::new(transport)), base, MMIO_WINDOW)
+        .map_err(|e| VmError::Devices(e.to_string()))?;
+    em.add_subscriber(Arc::new(Mutex::new(handler)));
+    Ok(NetReport {
+        tap: spec.tap.clone(),
+        counters,
+        bad_accesses,
+    })
+}
+
+/// Writes the counters as JSON, atomically (temporary file, then rename).
+fn write_metrics(path: &Path, nets: &[NetReport]) -> Result<(), VmError> {
+    let err = |e: String| VmError::Metrics {
+        path: path.display().to_string(),
+        err: e,
+    };
+    let list: Vec<serde_json::Value> = nets
+        .iter()
+        .map(|n| {
+            let mut c = n.counters.snapshot();
+            c.bad_register_accesses += n.bad_accesses.load(Ordering::Relaxed);
+            serde_json::json!({ "tap": n.tap, "counters": c })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "net": list,
+        "emulation": crate::emulation::counts(),
+    });
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| err(e.to_string()))?;
+    std::fs::write(&tmp, text + "\n").map_err(|e| err(e.to_string()))?;
+    std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+}
+
+/// Ends the event loop when the VM ends.
+struct ExitWatcher {
+    fd: std::os::fd::RawFd,
+    ended: Arc<AtomicBool>,
+}
+
+impl MutEventSubscriber for ExitWatcher {
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new_raw(self.fd, EventSet::IN)) {
+            log::error!("cannot watch for the end of the VM: {e:?}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]

@@ -258,9 +258,18 @@ impl MmioTransport {
                 return self.needs_reset("queue copy");
             };
             copy.set_size(q.size());
-            copy.set_desc_table_address(Some(q.desc_table() as u32), Some((q.desc_table() >> 32) as u32));
-            copy.set_avail_ring_address(Some(q.avail_ring() as u32), Some((q.avail_ring() >> 32) as u32));
-            copy.set_used_ring_address(Some(q.used_ring() as u32), Some((q.used_ring() >> 32) as u32));
+            copy.set_desc_table_address(
+                Some(q.desc_table() as u32),
+                Some((q.desc_table() >> 32) as u32),
+            );
+            copy.set_avail_ring_address(
+                Some(q.avail_ring() as u32),
+                Some((q.avail_ring() >> 32) as u32),
+            );
+            copy.set_used_ring_address(
+                Some(q.used_ring() as u32),
+                Some((q.used_ring() >> 32) as u32),
+            );
             copy.set_event_idx(self.acked_features & super::VIRTIO_RING_F_EVENT_IDX != 0);
             copy.set_ready(q.ready());
             queues.push(copy);
@@ -298,7 +307,7 @@ impl BusDevice for MmioTransport {
         if offset >= CONFIG_START {
             return self.device.read_config(offset - CONFIG_START, data);
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || !offset.is_multiple_of(4) {
             data.fill(0);
             return self.bad("register read not 32-bit aligned", offset);
         }
@@ -320,7 +329,7 @@ impl BusDevice for MmioTransport {
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
             return self.bad("register write not 32 bits", offset);
         };
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return self.bad("register write not aligned", offset);
         }
         self.write_register(offset, u32::from_le_bytes(bytes));
@@ -470,7 +479,11 @@ mod tests {
         // Offered features only, and VERSION_1 is required.
         w(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER);
         w(&mut t, 0x20, 1 << 7);
-        w(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK);
+        w(
+            &mut t,
+            0x70,
+            status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
+        );
         assert_eq!(r(&mut t, 0x70) & status::FEATURES_OK, 0);
         // Queue set-up before FEATURES_OK.
         w(&mut t, 0x38, 16);
@@ -486,9 +499,17 @@ mod tests {
         w(&mut t, 0x30, 99);
         assert_eq!(r(&mut t, 0x34), 0);
         // DRIVER_OK without FEATURES_OK.
-        w(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER | status::DRIVER_OK);
+        w(
+            &mut t,
+            0x70,
+            status::ACKNOWLEDGE | status::DRIVER | status::DRIVER_OK,
+        );
         assert!(seen.lock().unwrap().activated.is_none());
-        assert!(bad.load(Ordering::Relaxed) >= 8, "{}", bad.load(Ordering::Relaxed));
+        assert!(
+            bad.load(Ordering::Relaxed) >= 8,
+            "{}",
+            bad.load(Ordering::Relaxed)
+        );
     }
 
     #[test]

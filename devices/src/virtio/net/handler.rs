@@ -87,7 +87,10 @@ impl NetHandler {
             ops.modify(ev)
         };
         if let Err(e) = r {
-            log::error!("virtio-net {}: cannot watch the tap: {e:?}", self.tap.name());
+            log::error!(
+                "virtio-net {}: cannot watch the tap: {e:?}",
+                self.tap.name()
+            );
             return;
         }
         self.tap_interest = set;
@@ -104,7 +107,10 @@ impl NetHandler {
         ];
         for r in regs {
             if let Err(e) = r {
-                log::error!("virtio-net {}: cannot register events: {e:?}", self.tap.name());
+                log::error!(
+                    "virtio-net {}: cannot register events: {e:?}",
+                    self.tap.name()
+                );
             }
         }
         self.tap_interest = EventSet::IN;
@@ -224,7 +230,11 @@ impl NetHandler {
     fn run_rx(&mut self, ops: &mut EventOps) {
         let starved = self.process_rx();
         let want_out = self.tap_interest.contains(EventSet::OUT);
-        let mut set = if starved { EventSet::empty() } else { EventSet::IN };
+        let mut set = if starved {
+            EventSet::empty()
+        } else {
+            EventSet::IN
+        };
         if want_out {
             set |= EventSet::OUT;
         }
@@ -243,7 +253,11 @@ impl NetHandler {
 
 impl MutEventSubscriber for NetHandler {
     fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::with_data(&self.activate_evt, ACTIVATE, EventSet::IN)) {
+        if let Err(e) = ops.add(Events::with_data(
+            &self.activate_evt,
+            ACTIVATE,
+            EventSet::IN,
+        )) {
             log::error!("virtio-net {}: cannot register: {e:?}", self.tap.name());
         }
     }
@@ -268,7 +282,10 @@ impl MutEventSubscriber for NetHandler {
                 if events.event_set().contains(EventSet::OUT) {
                     self.run_tx(ops);
                 }
-                if events.event_set().intersects(EventSet::IN | EventSet::HANG_UP | EventSet::ERROR) {
+                if events
+                    .event_set()
+                    .intersects(EventSet::IN | EventSet::HANG_UP | EventSet::ERROR)
+                {
                     self.run_rx(ops);
                 }
             }

@@ -50,11 +50,7 @@ pub fn deliver(
                 break;
             }
             let len = desc.len() as usize;
-            if mem
-                .get_slice(desc.addr(), len)
-                .map(|_| ())
-                .is_err()
-            {
+            if mem.get_slice(desc.addr(), len).map(|_| ()).is_err() {
                 bad = Some(ChainError::Memory);
                 break;
             }
@@ -94,7 +90,11 @@ pub fn deliver(
     Ok(RxOutcome::Delivered(chains.len() as u16))
 }
 
-fn give_back_empty(queue: &mut Queue, mem: &GuestMemoryMmap, chains: &[(u16, Vec<(GuestAddress, usize)>)]) {
+fn give_back_empty(
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    chains: &[(u16, Vec<(GuestAddress, usize)>)],
+) {
     for (head, _) in chains {
         let _ = queue.add_used(mem, *head, 0);
     }
@@ -115,7 +115,10 @@ mod tests {
         d.add_chain(&[(DATA, 2048, true)]);
         let mut q = d.queue();
         let mut f = frame(1000);
-        assert_eq!(deliver(&mut q, &d.mem, &mut f, true), Ok(RxOutcome::Delivered(1)));
+        assert_eq!(
+            deliver(&mut q, &d.mem, &mut f, true),
+            Ok(RxOutcome::Delivered(1))
+        );
         assert_eq!(d.used(), vec![(0, 1000)]);
         let got = d.read(DATA, 1000);
         assert_eq!(&got[10..12], &[1, 0], "num_buffers");
@@ -128,11 +131,17 @@ mod tests {
         d.add_chain(&[(DATA, 1500, true)]);
         let mut q = d.queue();
         let mut f = frame(4000);
-        assert_eq!(deliver(&mut q, &d.mem, &mut f, true), Ok(RxOutcome::NoBuffers));
+        assert_eq!(
+            deliver(&mut q, &d.mem, &mut f, true),
+            Ok(RxOutcome::NoBuffers)
+        );
         assert!(d.used().is_empty(), "nothing consumed");
         d.add_chain(&[(DATA + 0x1000, 1500, true)]);
         d.add_chain(&[(DATA + 0x2000, 1500, true)]);
-        assert_eq!(deliver(&mut q, &d.mem, &mut f, true), Ok(RxOutcome::Delivered(3)));
+        assert_eq!(
+            deliver(&mut q, &d.mem, &mut f, true),
+            Ok(RxOutcome::Delivered(3))
+        );
         assert_eq!(d.used(), vec![(0, 1500), (1, 1500), (2, 1000)]);
         assert_eq!(&d.read(DATA, 12)[10..12], &[3, 0]);
         let mut all = d.read(DATA, 1500);

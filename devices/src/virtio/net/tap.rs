@@ -84,10 +84,8 @@ impl Tap {
         };
         let hdr = VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads an int from the pointer.
-        tap.check(
-            unsafe { libc::ioctl(tap.fd(), TUNSETVNETHDRSZ, &hdr) },
-            "virtio-net header size",
-        )?;
+        let ret = unsafe { libc::ioctl(tap.fd(), TUNSETVNETHDRSZ, &hdr) };
+        tap.check(ret, "virtio-net header size")?;
         tap.set_offload(0)?;
         Ok(tap)
     }

@@ -88,6 +88,9 @@ mod tests {
         d.write_desc(1, DATA, 64, 1, 0);
         d.publish(0);
         let r = first(&d);
-        assert!(matches!(r, Ok(ref f) if f.len() <= 16 * 64) || r.is_err(), "{r:?}");
+        assert!(
+            matches!(r, Ok(ref f) if f.len() <= 16 * 64) || r.is_err(),
+            "{r:?}"
+        );
     }
 }
