@@ -12,7 +12,7 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 # Tools the test suite uses besides the guest build's own dependencies.
 need=()
-for p in util-linux iproute2 coreutils; do
+for p in util-linux iproute2 coreutils iputils-ping; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

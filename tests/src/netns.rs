@@ -20,7 +20,10 @@ impl NetNs {
     /// Creates namespace `tandem-<tag>-<pid>` with loopback up.
     pub fn new(tag: &str) -> NetNs {
         let name = format!("tandem-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
         ip(&["netns", "add", &name]);
         let ns = NetNs { name };
         ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
