@@ -220,7 +220,13 @@ impl TestVm {
         // The marker is computed by the shell, so an echoed command line
         // never matches it.
         let n = self.seq;
-        self.send(&format!("{cmd}; echo \"@@$(({n}))@@ $?\"\n"));
+        // `cmd &; echo` is a syntax error: a background job is followed by `true`.
+        let sep = if cmd.trim_end().ends_with('&') {
+            " true;"
+        } else {
+            ";"
+        };
+        self.send(&format!("{cmd}{sep} echo \"@@$(({n}))@@ $?\"\n"));
         let before = self.wait_for(&format!("@@{n}@@ "), timeout);
         let status_text = self.wait_for("\n", Duration::from_secs(30));
         let status = status_text.trim().parse().unwrap_or(-1);
