@@ -4,8 +4,8 @@
 # run: time from process start to "tandem-guest: ready" and the VMM's own
 # memory (RSS minus guest RAM), min/median of N runs (default 5). QEMU loads
 # the bzImage of the same kernel (it needs a PVH note to load a vmlinux);
-# tandem is measured with both.
-# Usage: bench/boot.sh [--runs N]
+# `--tandem-bzimage` also times tandem on the bzImage.
+# Usage: bench/boot.sh [--runs N] [--tandem-bzimage]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
