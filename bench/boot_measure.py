@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--initrd", required=True)
     ap.add_argument("--cmdline", required=True)
     ap.add_argument("--qemu", default="qemu-system-x86_64")
+    ap.add_argument("--qemu-kvm-timeout", type=float, default=60,
+                    help="QEMU with KVM stalls on this host: give up on it sooner")
     ap.add_argument("--tandem-bzimage", action="store_true",
                     help="also time tandem booting the bzImage")
     args = ap.parse_args()
@@ -105,12 +107,13 @@ def main():
     results = {name: {"ready": [], "overhead": [], "failed": 0, "why": ""} for name in peers}
     for i in range(args.runs):
         for name, cmd in peers.items():
-            ready, overhead, out = one_run(cmd, args.mem_mib * 1024, args.timeout)
+            timeout = args.qemu_kvm_timeout if name == "QEMU microvm (KVM)" else args.timeout
+            ready, overhead, out = one_run(cmd, args.mem_mib * 1024, timeout)
             r = results[name]
             if ready is None:
                 r["failed"] += 1
                 tail = out.decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                r["why"] = tail[0][:100]
+                r["why"] = f"after {timeout:.0f} s, last line: {tail[0][:80]}"
             else:
                 r["ready"].append(ready)
                 r["overhead"].append(overhead)
