@@ -178,10 +178,10 @@ fn compare_device(
 ) {
     use DeviceConfig::*;
     let id = saved.id();
-    let slot = |errors: &mut Vec<String>, s: &MmioSlot, a: &MmioSlot| {
+    let slot = |errors: &mut Vec<String>, what: &str, s: &MmioSlot, a: &MmioSlot| {
         if s != a {
             errors.push(format!(
-                "{id}: snapshot has it at {s}, this VM puts it at {a}"
+                "{what} {id}: snapshot has it at {s}, this VM puts it at {a}"
             ));
         }
     };
@@ -208,7 +208,7 @@ fn compare_device(
                     mac::format(am)
                 ));
             }
-            slot(errors, ss, asl);
+            slot(errors, "NIC", ss, asl);
             if st != at {
                 notes.push(format!("NIC {id}: snapshot was on {st}, now on {at}"));
             }
@@ -235,7 +235,7 @@ fn compare_device(
                     ro(ar)
                 ));
             }
-            slot(errors, ss, asl);
+            slot(errors, "disk", ss, asl);
             if sp != ap {
                 notes.push(format!("disk {id}: snapshot was on {sp}, now on {ap}"));
             }
