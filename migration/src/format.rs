@@ -39,7 +39,8 @@
 //!
 //! # Verification order
 //!
-//! [`SnapshotReader::open`] reads the file twice by streaming, in constant memory:
+//! [`SnapshotReader::open`] streams the whole file once through the CRC and walks the
+//! section headers (seeking over bodies), in constant memory, checking in this order:
 //! 1. magic (a foreign or empty file: [`FormatError::NotASnapshot`]), then the format
 //!    version (any other: [`FormatError::Version`]) — other versions may lay out the rest
 //!    differently, so nothing after them is read;

@@ -1,7 +1,7 @@
 //! tandem's migration crate: the state traits and the versioned snapshot file format.
 //!
 //! This crate owns what a saved VM *is*, as data, and how it is laid out in a file:
-//! - [`format`]: the container (magic, version, named sections, CRC) and its verification;
+//! - [`format`](mod@format): the container (magic, version, named sections, CRC) and its verification;
 //! - [`memory`]: guest RAM as runs of non-zero pages, checked against the VM's layout;
 //! - [`vcpu`], [`vm`], [`devices`]: serde `State` types for every component;
 //! - [`kvm`]: conversions between those types and the `kvm-bindings` structures;
@@ -20,6 +20,21 @@
 //! # Section names in a tandem snapshot
 //! `manifest` (first), `vm`, `vcpu.<index>`, `dev.<device id>`, `memory` (last, the
 //! bulk); see [`section`].
+//!
+//! # How the vmm uses it
+//! Save, with every vCPU paused: a [`SnapshotWriter`] over a `BufWriter<File>`; write the
+//! [`Manifest`]; the [`vm::VmState`] (via [`kvm::KvmVmState`]); one [`vcpu::VcpuState`]
+//! per vCPU (via [`kvm::KvmVcpuState`]); each device's [`Snapshottable::save`] as a
+//! [`devices::DeviceState`]; then [`write_memory`] over the guest's regions; `finish`, then
+//! fsync and rename into place so that a crash never leaves a half-written file under the
+//! final name.
+//!
+//! Restore, before any vCPU runs: [`SnapshotReader::open`] (verifies the whole file); read
+//! the manifest and [`check_compatible`] with the configuration asked for (log the notes);
+//! read and convert *every* state section (`to_kvm`, device states) and
+//! [`validate_memory`] against the new VM's layout, so that a bad file fails before the VM
+//! is touched; then [`read_memory`] into the fresh (zeroed) guest memory, set the VM
+//! state, each vCPU's state (order in [`kvm`]), restore devices, and resume.
 
 pub mod devices;
 pub mod format;
