@@ -32,7 +32,7 @@ pub enum DiskError {
     Open { path: PathBuf, err: io::Error },
     #[error("{0} is not a regular file or a block device")]
     NotAFile(PathBuf),
-    #[error("{0} is in use by another process (it holds a lock on it)")]
+    #[error("{0} is in use: another process (or another disk of this VM) holds a lock on it")]
     Locked(PathBuf),
     #[error("cannot lock {path}: {err}")]
     Lock { path: PathBuf, err: io::Error },
