@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Disk benchmark: sequential write and read (MiB/s, 1 MiB O_DIRECT requests)
-# and 4 KiB random read IOPS inside the guest (resources/rootfs/blktool.c),
+# Disk benchmark: sequential write and read (MiB/s, 1 MiB O_DIRECT requests,
+# passes for at least S seconds) and 4 KiB random read IOPS (for S seconds)
+# inside the guest (resources/rootfs/blktool.c),
 # tandem vs QEMU (Debian's qemu-system-x86, -M microvm, virtio-blk-device on
 # raw -drive files, TCG), same kernel, same command line, same root disk
 # image (a copy each) and a fresh data disk of the same size, in one run;

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Disk benchmark: inside the guest, `blktool bench` (resources/rootfs/
-blktool.c) writes M MiB sequentially to the data disk in 1 MiB O_DIRECT
-requests (then fdatasync), reads them back the same way, then reads 4 KiB
-at random offsets for S seconds. tandem (KVM) and QEMU (microvm,
+blktool.c) writes the data disk's M MiB sequentially in 1 MiB O_DIRECT
+requests, pass after pass for at least S seconds (then fdatasync), reads
+them back the same way, then reads 4 KiB at random offsets for S seconds. tandem (KVM) and QEMU (microvm,
 virtio-blk-device, TCG: QEMU with KVM cannot reach user space on this host)
 boot the same kernel (tandem its vmlinux, QEMU the same kernel's bzImage)
 with the same command line from a copy of the same ext4 root disk image
@@ -86,8 +86,9 @@ def main():
     def mm(xs):
         return (min(xs), statistics.median(xs)) if xs else (None, None)
 
-    print(f"\n{args.runs} runs each; {args.mib} MiB sequential in 1 MiB O_DIRECT requests, "
-          f"4 KiB O_DIRECT random reads for {args.seconds:g} s; same kernel, cmdline, root image")
+    print(f"\n{args.runs} runs each; passes over {args.mib} MiB in 1 MiB O_DIRECT requests "
+          f"and 4 KiB O_DIRECT random reads, {args.seconds:g} s each; same kernel, cmdline, "
+          f"root image")
     print(f"{'VMM':<20}" + "".join(f"{label + ' (min/med)':>30}" for _, label in KEYS))
     for name, r in results.items():
         cols = []
@@ -100,7 +101,7 @@ def main():
         for key, label in KEYS:
             a, b = mm(t[key])[1], mm(q[key])[1]
             if a and b:
-                print(f"{label} ratio tandem/QEMU-TCG (median): {a / b:.2f}x")
+                print(f"{label} ratio tandem/QEMU-TCG (median): {a / b:.3f}x")
 
 
 if __name__ == "__main__":
