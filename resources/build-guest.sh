@@ -24,7 +24,7 @@ log() { printf 'build-guest: %s\n' "$*" >&2; }
 
 install_deps() {
     local pkgs=(linux-source-6.1 busybox-static bc bison flex libelf-dev libssl-dev
-        cpio xz-utils make gcc libc6-dev)
+        cpio xz-utils make gcc libc6-dev e2fsprogs)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
@@ -128,6 +128,7 @@ main() {
     fi
     mkdir -p "$cache"
     build_initramfs
+    "$here/build-rootfs.sh" --no-deps # target/guest/rootfs.ext4, the root disk image
     build_kernel
     log "guest ready in $out"
 }

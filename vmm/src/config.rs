@@ -38,6 +38,12 @@ pub enum ConfigError {
     NetMac(String, String),
     #[error("--net '{0}': tap name must be 1 to 15 bytes")]
     NetTapName(String),
+    #[error("--disk '{0}': expected path=FILE[,readonly=on|off][,id=NAME]")]
+    DiskSyntax(String),
+    #[error("--disk '{0}': readonly must be 'on' or 'off', not '{1}'")]
+    DiskReadonly(String, String),
+    #[error("--disk '{0}': id must be 1 to 20 printable ASCII characters (no spaces)")]
+    DiskId(String),
     #[error(
         "no --kernel given and the default guest is not built ({0} is missing): \
          run resources/build-guest.sh"
@@ -232,6 +238,67 @@ pub fn default_mac(index: usize) -> [u8; 6] {
     ]
 }
 
+/// One `--disk` option: a virtio-blk device on a raw image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    pub path: PathBuf,
+    pub readonly: bool,
+    /// The device id the guest reads (`/sys/block/vdX/serial`).
+    pub id: Option<String>,
+}
+
+/// Longest device id virtio-blk carries.
+pub const DISK_ID_MAX: usize = 20;
+
+/// Parses `path=FILE[,readonly=on|off][,id=NAME]` (each key at most once;
+/// a path cannot contain a comma).
+pub fn parse_disk(s: &str) -> Result<DiskSpec, ConfigError> {
+    let syntax = || ConfigError::DiskSyntax(s.to_string());
+    let (mut path, mut readonly, mut id) = (None, None, None);
+    for part in s.split(',') {
+        let (k, v) = part.split_once('=').ok_or_else(syntax)?;
+        let slot_taken = match k {
+            "path" => path.replace(PathBuf::from(v)).is_some() || v.is_empty(),
+            "readonly" => {
+                let ro = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(ConfigError::DiskReadonly(s.to_string(), v.to_string())),
+                };
+                readonly.replace(ro).is_some()
+            }
+            "id" => {
+                if v.is_empty() || v.len() > DISK_ID_MAX || !v.bytes().all(|b| b.is_ascii_graphic())
+                {
+                    return Err(ConfigError::DiskId(s.to_string()));
+                }
+                id.replace(v.to_string()).is_some()
+            }
+            _ => true,
+        };
+        if slot_taken {
+            return Err(syntax());
+        }
+    }
+    Ok(DiskSpec {
+        path: path.ok_or_else(syntax)?,
+        readonly: readonly.unwrap_or(false),
+        id,
+    })
+}
+
+/// The id of a disk the user gave none: its file name's printable ASCII
+/// characters, at most 20.
+pub fn default_disk_id(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(DISK_ID_MAX)
+        .collect()
+}
+
 /// A VM to run.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -243,6 +310,8 @@ pub struct VmConfig {
     pub mem_bytes: u64,
     pub cpus: u8,
     pub nets: Vec<NetSpec>,
+    /// virtio-blk devices, in order (vda, vdb, ...).
+    pub disks: Vec<DiskSpec>,
     /// Where to write device counters as JSON (every second and at exit).
     pub metrics: Option<PathBuf>,
 }
@@ -329,6 +398,83 @@ mod tests {
             Err(ConfigError::NetTapName(_))
         ));
         assert!(matches!(parse_net("tap="), Err(ConfigError::NetTapName(_))));
+    }
+
+    #[test]
+    fn disk_options() {
+        assert_eq!(
+            parse_disk("path=/var/lib/a.img"),
+            Ok(DiskSpec {
+                path: "/var/lib/a.img".into(),
+                readonly: false,
+                id: None
+            })
+        );
+        assert_eq!(
+            parse_disk("id=root-1,readonly=on,path=r.img"),
+            Ok(DiskSpec {
+                path: "r.img".into(),
+                readonly: true,
+                id: Some("root-1".into())
+            })
+        );
+        assert_eq!(
+            parse_disk("path=x,readonly=off").map(|d| d.readonly),
+            Ok(false)
+        );
+        assert_eq!(
+            parse_disk("path=x,id=12345678901234567890").map(|d| d.id),
+            Ok(Some("12345678901234567890".into()))
+        );
+        for bad in [
+            "",
+            "x.img",
+            "path=",
+            "readonly=on",
+            "path=a,path=b",
+            "path=a,bogus=1",
+            "path=a,readonly=on,readonly=off",
+            "path=a,ro",
+            "path=a,id=x,id=y",
+        ] {
+            assert_eq!(
+                parse_disk(bad),
+                Err(ConfigError::DiskSyntax(bad.into())),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            parse_disk("path=a,readonly=yes"),
+            Err(ConfigError::DiskReadonly(_, v)) if v == "yes"
+        ));
+        for bad in [
+            "path=a,id=",
+            "path=a,id=123456789012345678901",
+            "path=a,id=a b",
+            "path=a,id=é",
+        ] {
+            assert_eq!(
+                parse_disk(bad),
+                Err(ConfigError::DiskId(bad.into())),
+                "{bad}"
+            );
+        }
+        // Every message is one line and names the option.
+        let e = parse_disk("path=a,readonly=1").unwrap_err().to_string();
+        assert!(
+            !e.contains('\n') && e.starts_with("--disk 'path=a,readonly=1'"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn default_disk_ids() {
+        assert_eq!(default_disk_id(Path::new("/x/rootfs.ext4")), "rootfs.ext4");
+        assert_eq!(
+            default_disk_id(Path::new("a very long name with spaces.img")),
+            "averylongnamewithspa"
+        );
+        assert_eq!(default_disk_id(Path::new("/")), "");
     }
 
     #[test]

@@ -67,6 +67,17 @@ struct RunArgs {
     #[arg(long = "net", value_name = "tap=NAME[,mac=MAC][,sndbuf=SIZE]",
           value_parser = config::parse_net)]
     nets: Vec<config::NetSpec>,
+    /// A virtio-blk device on a raw image FILE (a regular file or a block
+    /// device); repeatable: the guest sees /dev/vda, /dev/vdb, ... in order.
+    /// readonly=on offers the disk read-only (writes fail with an I/O error
+    /// and the file is opened read-only); id=NAME (up to 20 characters,
+    /// default: the file name) is the serial the guest reads from
+    /// /sys/block/vdX/serial. The image is locked while tandem runs (shared
+    /// when read-only). To boot from it, give a kernel without an initrd and
+    /// `root=/dev/vda` in --cmdline.
+    #[arg(long = "disk", value_name = "path=FILE[,readonly=on][,id=NAME]",
+          value_parser = config::parse_disk)]
+    disks: Vec<config::DiskSpec>,
     /// Write device counters as JSON to PATH, every second and at exit.
     #[arg(long, value_name = "PATH")]
     metrics: Option<PathBuf>,
@@ -131,6 +142,7 @@ fn main() -> ExitCode {
         mem_bytes: args.mem,
         cpus: args.cpus,
         nets: args.nets,
+        disks: args.disks,
         metrics: args.metrics,
     };
     match vmm::vm::run(&cfg) {

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 use devices::i8042::I8042;
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
+use devices::virtio::block::disk::DiskFile;
+use devices::virtio::block::handler::BlockHandler;
+use devices::virtio::block::metrics::BlockMetrics;
+use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::mmio::{Interrupt, MmioTransport, MMIO_WINDOW, NOTIFY_OFFSET};
 use devices::virtio::net::handler::NetHandler;
 use devices::virtio::net::metrics::NetMetrics;
@@ -60,6 +64,8 @@ pub enum VmError {
     Devices(String),
     #[error("--net tap={tap}: {err}")]
     Net { tap: String, err: String },
+    #[error("--disk: {0}")]
+    Disk(String),
     #[error("too many devices: at most {0} virtio devices")]
     TooManyDevices(u32),
     #[error("cannot write metrics to {path}: {err}")]
@@ -165,6 +171,21 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
         nets.push(report);
         announce.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{irq}"));
     }
+    // Disks after the NICs, in the same window and IRQ sequence; the guest
+    // probes them in command-line order, so the first --disk is vda.
+    let mut disks: Vec<DiskReport> = Vec::new();
+    for (j, spec) in cfg.disks.iter().enumerate() {
+        let i = cfg.nets.len() + j;
+        let base = layout::MMIO_GAP_START + i as u64 * MMIO_WINDOW;
+        let irq = VIRTIO_IRQ_BASE + i as u32;
+        if irq > VIRTIO_IRQ_LAST {
+            return Err(VmError::TooManyDevices(
+                VIRTIO_IRQ_LAST - VIRTIO_IRQ_BASE + 1,
+            ));
+        }
+        disks.push(add_disk(&vm, &mem, &mut mmio, &mut em, spec, base, irq)?);
+        announce.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{irq}"));
+    }
     let mmio = Arc::new(mmio);
 
     let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
@@ -227,7 +248,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     })));
     let metrics = cfg.metrics.as_deref();
     if let Some(path) = metrics {
-        write_metrics(path, &nets)?;
+        write_metrics(path, &nets, &disks)?;
     }
 
     let raw = console::enter_raw_mode();
@@ -244,7 +265,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
         if let Some(path) = metrics {
             if last_metrics.elapsed() >= METRICS_PERIOD {
                 last_metrics = Instant::now();
-                if let Err(e) = write_metrics(path, &nets) {
+                if let Err(e) = write_metrics(path, &nets, &disks) {
                     log::warn!("{e}");
                 }
             }
@@ -253,7 +274,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     let why = exit.reason();
     console::restore_terminal();
     if let Some(path) = metrics {
-        if let Err(e) = write_metrics(path, &nets) {
+        if let Err(e) = write_metrics(path, &nets, &disks) {
             log::warn!("{e}");
         }
     }
@@ -328,8 +349,72 @@ fn add_net(
     })
 }
 
+/// What the metrics file says of one disk.
+struct DiskReport {
+    path: String,
+    id: String,
+    readonly: bool,
+    counters: Arc<BlockMetrics>,
+    bad_accesses: Arc<AtomicU64>,
+}
+
+fn add_disk(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    mmio: &mut Bus,
+    em: &mut EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
+    spec: &config::DiskSpec,
+    base: u64,
+    irq: u32,
+) -> Result<DiskReport, VmError> {
+    let path = spec.path.display().to_string();
+    let file =
+        DiskFile::open(&spec.path, spec.readonly).map_err(|e| VmError::Disk(e.to_string()))?;
+    let id = spec
+        .id
+        .clone()
+        .unwrap_or_else(|| config::default_disk_id(&spec.path));
+    let activate = EventFd::new(libc::EFD_NONBLOCK)?;
+    let block = Block::new(BlockConfig::with_id(&id), file, activate.try_clone()?);
+    let irq_evt = EventFd::new(libc::EFD_NONBLOCK)?;
+    vm.register_irqfd(&irq_evt, irq)
+        .map_err(kvm_err("register a virtio interrupt"))?;
+    let interrupt = Arc::new(Interrupt::new(irq_evt));
+    let queue_evt = EventFd::new(libc::EFD_NONBLOCK)?;
+    vm.register_ioevent(
+        &queue_evt,
+        &IoEventAddress::Mmio(base + NOTIFY_OFFSET),
+        0u32,
+    )
+    .map_err(kvm_err("register a queue notification"))?;
+    let transport_evts = vec![queue_evt.try_clone()?];
+    let counters = block.metrics.clone();
+    let handler = BlockHandler::new(
+        block.state(),
+        block.disk(),
+        block.id(),
+        activate,
+        queue_evt,
+        interrupt.clone(),
+        counters.clone(),
+    );
+    let transport = MmioTransport::new(Box::new(block), mem.clone(), interrupt, transport_evts)
+        .map_err(|e| VmError::Disk(format!("{path}: queues: {e:?}")))?;
+    let bad_accesses = transport.bad_accesses();
+    mmio.insert(Arc::new(Mutex::new(transport)), base, MMIO_WINDOW)
+        .map_err(|e| VmError::Devices(e.to_string()))?;
+    em.add_subscriber(Arc::new(Mutex::new(handler)));
+    Ok(DiskReport {
+        path,
+        id,
+        readonly: spec.readonly,
+        counters,
+        bad_accesses,
+    })
+}
+
 /// Writes the counters as JSON, atomically (temporary file, then rename).
-fn write_metrics(path: &Path, nets: &[NetReport]) -> Result<(), VmError> {
+fn write_metrics(path: &Path, nets: &[NetReport], disks: &[DiskReport]) -> Result<(), VmError> {
     let err = |e: String| VmError::Metrics {
         path: path.display().to_string(),
         err: e,
@@ -342,8 +427,22 @@ fn write_metrics(path: &Path, nets: &[NetReport]) -> Result<(), VmError> {
             serde_json::json!({ "tap": n.tap, "counters": c })
         })
         .collect();
+    let blk: Vec<serde_json::Value> = disks
+        .iter()
+        .map(|d| {
+            let mut c = d.counters.snapshot();
+            c.bad_register_accesses += d.bad_accesses.load(Ordering::Relaxed);
+            serde_json::json!({
+                "path": d.path,
+                "id": d.id,
+                "readonly": d.readonly,
+                "counters": c,
+            })
+        })
+        .collect();
     let doc = serde_json::json!({
         "net": list,
+        "blk": blk,
         "emulation": crate::emulation::counts(),
     });
     let tmp = path.with_extension("tmp");

@@ -4,6 +4,7 @@
 //! status, interrupts); a device implements [`VirtioDevice`] and only sees
 //! negotiated features and ready queues when the driver sets DRIVER_OK.
 
+pub mod block;
 pub mod mmio;
 pub mod net;
 #[cfg(test)]

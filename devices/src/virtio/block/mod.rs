@@ -1,0 +1,30 @@
+//! virtio-blk on a raw image (a regular file or a host block device).
+//!
+//! - `disk`: the host side: open and lock the image, positioned I/O between
+//!   the file and guest memory, flush, discard, write-zeroes.
+//! - `request`: pure request logic (descriptor chain in, status out),
+//!   unit-tested over mock guest memory; every chain is guest-controlled.
+//! - `device`: the virtio device (features, configuration space, activation).
+//! - `handler`: event-loop glue on the VMM thread: the queue notification.
+//! - `metrics`: lock-free counters.
+//!
+//! I/O is synchronous on the VMM thread: a request is complete, and its data
+//! in the host file (or, after a flush, on its storage), before it is
+//! returned to the guest.
+
+pub mod device;
+pub mod disk;
+pub mod handler;
+pub mod metrics;
+pub mod request;
+
+pub use device::{Block, BlockConfig};
+
+/// virtio-blk feature bits (virtio 1.2, 5.2.3).
+pub mod features {
+    pub const SEG_MAX: u64 = 1 << 2;
+    pub const RO: u64 = 1 << 5;
+    pub const FLUSH: u64 = 1 << 9;
+    pub const DISCARD: u64 = 1 << 13;
+    pub const WRITE_ZEROES: u64 = 1 << 14;
+}
