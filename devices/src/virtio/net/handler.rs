@@ -125,14 +125,24 @@ impl NetHandler {
         };
         let mut blocked = false;
         let mut completed = false;
+        let mut popped = true;
         loop {
             let Some(chain) = active.tx.pop_descriptor_chain(&active.mem) else {
+                if !popped {
+                    // More is "available", yet nothing can be taken: a
+                    // hostile available index. Stop until the next notify
+                    // instead of spinning on the VMM thread.
+                    NetMetrics::add(&self.metrics.malformed_chains, 1);
+                    break;
+                }
+                popped = false;
                 // With EVENT_IDX, re-enable notifications and look once more.
                 match active.tx.enable_notification(&active.mem) {
                     Ok(true) => continue,
                     _ => break,
                 }
             };
+            popped = true;
             let head = chain.head_index();
             match tx::gather(chain, &active.mem, &mut self.tx_buf) {
                 Ok(()) => match self.tap.write_frame(&self.tx_buf) {
