@@ -5,12 +5,15 @@
 //! user's terminal; `host`, `cpuid` and `emulation` hold what this host's
 //! KVM needs (see each module).
 
+pub mod api;
 pub mod boot;
 pub mod config;
 pub mod console;
+pub mod control;
 pub mod cpuid;
 pub mod emulation;
 pub mod exit;
 pub mod host;
+pub mod pause;
 pub mod vcpu;
 pub mod vm;

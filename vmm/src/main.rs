@@ -36,6 +36,41 @@ kernel panics, 3 when a vCPU fails.
 
 Example: printf 'uname -r\\nreboot -f\\n' | tandem run")]
     Run(RunArgs),
+    /// Send a request to a running VM's control API and print the answer
+    /// (JSON). Exit status 0 when the request succeeded, 1 otherwise.
+    #[command(after_help = "\
+Verbs: status, pause, resume, metrics, shutdown, snapshot PATH.
+
+Example: tandem ctl --api-sock /tmp/vm.sock pause")]
+    Ctl(CtlArgs),
+}
+
+#[derive(Args)]
+struct CtlArgs {
+    /// The VM's control socket (what `tandem run --api-sock` was given).
+    #[arg(long, value_name = "PATH")]
+    api_sock: PathBuf,
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand)]
+enum Verb {
+    /// State (running or paused), vCPUs, memory, uptime.
+    Status,
+    /// Stop every vCPU and device processing; the guest clock stops too.
+    Pause,
+    /// Continue a paused VM.
+    Resume,
+    /// Device counters.
+    Metrics,
+    /// End the VM (tandem exits with status 0).
+    Shutdown,
+    /// Write the whole VM to PATH (not implemented yet).
+    Snapshot {
+        /// The snapshot file to write.
+        path: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -70,6 +105,10 @@ struct RunArgs {
     /// Write device counters as JSON to PATH, every second and at exit.
     #[arg(long, value_name = "PATH")]
     metrics: Option<PathBuf>,
+    /// Serve the control API on a Unix socket at PATH (JSON lines; see
+    /// `tandem ctl --help`). A stale socket file there is replaced.
+    #[arg(long, value_name = "PATH")]
+    api_sock: Option<PathBuf>,
     /// Number of vCPUs (1 to 32).
     #[arg(long, value_name = "N", default_value = "1",
           value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
@@ -79,6 +118,31 @@ struct RunArgs {
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("tandem: error: {msg}");
     ExitCode::from(1)
+}
+
+fn run_ctl(args: CtlArgs) -> ExitCode {
+    let req = match &args.verb {
+        Verb::Status => serde_json::json!({"cmd": "status"}),
+        Verb::Pause => serde_json::json!({"cmd": "pause"}),
+        Verb::Resume => serde_json::json!({"cmd": "resume"}),
+        Verb::Metrics => serde_json::json!({"cmd": "metrics"}),
+        Verb::Shutdown => serde_json::json!({"cmd": "shutdown"}),
+        Verb::Snapshot { path } => serde_json::json!({"cmd": "snapshot", "path": path}),
+    };
+    match vmm::api::request(&args.api_sock, &req) {
+        Ok(answer) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&answer).unwrap_or_default()
+            );
+            if answer["ok"] == true {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => fail(e),
+    }
 }
 
 fn main() -> ExitCode {
@@ -104,7 +168,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let Command::Run(args) = cli.command;
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Ctl(ctl) => return run_ctl(ctl),
+    };
     if args.print_cmdline {
         println!(
             "{}",
@@ -132,6 +199,7 @@ fn main() -> ExitCode {
         cpus: args.cpus,
         nets: args.nets,
         metrics: args.metrics,
+        api_sock: args.api_sock,
     };
     match vmm::vm::run(&cfg) {
         Ok(why) => {

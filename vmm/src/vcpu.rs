@@ -10,6 +10,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::emulation;
 use crate::exit::{ExitSignal, VmExit};
+use crate::pause::Gate;
 
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;
@@ -22,6 +23,8 @@ pub struct Vcpu {
     pub mmio: Arc<Bus>,
     pub mem: GuestMemoryMmap,
     pub exit: Arc<ExitSignal>,
+    /// Where this vCPU parks while the VM is paused.
+    pub gate: Arc<Gate>,
 }
 
 impl Vcpu {
@@ -37,6 +40,9 @@ impl Vcpu {
 
     fn run(mut self) -> VmExit {
         loop {
+            // A clean point: the last exit is fully handled. A pause kicks
+            // KVM_RUN with a signal (EINTR) and the vCPU parks here.
+            self.gate.park_if_paused();
             match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => {
                     if !self.pio.read(u64::from(port), data) {

@@ -23,12 +23,15 @@ use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::api::ApiServer;
 use crate::boot::{self, cpu, layout};
 use crate::config::{self, VmConfig};
 use crate::console::{self, ConsoleOut};
+use crate::control::VmControl;
 use crate::cpuid;
 use crate::exit::{ExitSignal, VmExit};
 use crate::host::HostKind;
+use crate::pause::{self, Gate};
 use crate::vcpu::Vcpu;
 
 const I8042_PORT: u64 = 0x60;
@@ -37,6 +40,10 @@ const I8042_PORTS: u64 = 5;
 const VIRTIO_IRQ_BASE: u32 = 5;
 const VIRTIO_IRQ_LAST: u32 = 23;
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
+/// How often the device thread looks at its pause gate when idle.
+const DEVICE_TICK_MS: i32 = 100;
+
+type Subscribers = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
 
 /// Errors before the guest runs.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +65,8 @@ pub enum VmError {
     Cpuid(#[from] cpuid::CpuidError),
     #[error("cannot set up devices: {0}")]
     Devices(String),
+    #[error(transparent)]
+    Api(#[from] crate::api::ApiError),
     #[error("--net tap={tap}: {err}")]
     Net { tap: String, err: String },
     #[error("too many devices: at most {0} virtio devices")]
@@ -146,8 +155,9 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
 
     let mem = create_memory(&vm, cfg.mem_bytes)?;
     let exit = Arc::new(ExitSignal::new()?);
-    let mut em = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
-        .map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
+    // Device work runs on its own thread's event loop; the calling thread
+    // keeps the control API, metrics and the end of the VM.
+    let mut em = Subscribers::new().map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
 
     // virtio-mmio devices, each announced on the command line.
     let mut mmio = Bus::new();
@@ -198,6 +208,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     let pio = Arc::new(pio);
 
     let base_cpuid = cpuid::supported(&kvm)?;
+    let vcpu_gate = Arc::new(Gate::default());
     let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
     for id in 0..cfg.cpus {
         let fd = vm
@@ -217,34 +228,66 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
             mmio: mmio.clone(),
             mem: mem.clone(),
             exit: exit.clone(),
+            gate: vcpu_gate.clone(),
         });
     }
+    let vm = Arc::new(vm);
 
     let ended = Arc::new(AtomicBool::new(false));
-    em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
+    let mut main_em =
+        Subscribers::new().map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
+    main_em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
         fd: exit.as_raw_fd(),
         ended: ended.clone(),
     })));
+    let nets = Arc::new(nets);
     let metrics = cfg.metrics.as_deref();
     if let Some(path) = metrics {
-        write_metrics(path, &nets)?;
+        write_metrics(path, &metrics_json(&nets))?;
     }
+    // Bound before the guest starts, so a bad path is a start-up error.
+    let api = match &cfg.api_sock {
+        Some(path) => Some(ApiServer::bind(path, Box::new(NoControl))?),
+        None => None,
+    };
 
+    let device_gate = Arc::new(Gate::default());
+    let device_kick = EventFd::new(libc::EFD_NONBLOCK)?;
+    em.add_subscriber(Arc::new(Mutex::new(Kick(device_kick.try_clone()?))));
+    spawn_device_thread(em, device_gate.clone(), ended.clone())?;
+
+    pause::install_kick_handler().map_err(|e| VmError::Devices(e.to_string()))?;
     let raw = console::enter_raw_mode();
     console::spawn_input(serial, exit.clone(), raw)?;
+    let mut vcpu_threads = Vec::with_capacity(vcpus.len());
     for v in vcpus {
-        v.spawn()?;
+        vcpu_threads.push(v.spawn()?);
     }
-    // The VMM thread: device events until the VM ends.
+    if let Some(mut api) = api {
+        let nets = nets.clone();
+        api.set_control(Box::new(VmControl::new(
+            vm.clone(),
+            vcpu_gate,
+            vcpu_threads,
+            device_gate,
+            device_kick,
+            exit.clone(),
+            Box::new(move || metrics_json(&nets)),
+            cfg.mem_bytes,
+            cfg.cpus,
+        )));
+        main_em.add_subscriber(Arc::new(Mutex::new(api)));
+    }
+    // The VMM thread: control requests and metrics until the VM ends.
     let mut last_metrics = Instant::now();
     while !ended.load(Ordering::SeqCst) {
-        if let Err(e) = em.run_with_timeout(METRICS_PERIOD.as_millis() as i32) {
+        if let Err(e) = main_em.run_with_timeout(METRICS_PERIOD.as_millis() as i32) {
             log::error!("event loop: {e:?}");
         }
         if let Some(path) = metrics {
             if last_metrics.elapsed() >= METRICS_PERIOD {
                 last_metrics = Instant::now();
-                if let Err(e) = write_metrics(path, &nets) {
+                if let Err(e) = write_metrics(path, &metrics_json(&nets)) {
                     log::warn!("{e}");
                 }
             }
@@ -253,7 +296,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     let why = exit.reason();
     console::restore_terminal();
     if let Some(path) = metrics {
-        if let Err(e) = write_metrics(path, &nets) {
+        if let Err(e) = write_metrics(path, &metrics_json(&nets)) {
             log::warn!("{e}");
         }
     }
@@ -328,12 +371,65 @@ fn add_net(
     })
 }
 
-/// Writes the counters as JSON, atomically (temporary file, then rename).
-fn write_metrics(path: &Path, nets: &[NetReport]) -> Result<(), VmError> {
-    let err = |e: String| VmError::Metrics {
-        path: path.display().to_string(),
-        err: e,
-    };
+/// Runs the device event loop on its own thread until the VM ends,
+/// parking at `gate` while the VM is paused.
+fn spawn_device_thread(
+    mut em: Subscribers,
+    gate: Arc<Gate>,
+    ended: Arc<AtomicBool>,
+) -> Result<(), VmError> {
+    std::thread::Builder::new()
+        .name("devices".into())
+        .spawn(move || {
+            while !ended.load(Ordering::SeqCst) {
+                gate.park_if_paused();
+                if let Err(e) = em.run_with_timeout(DEVICE_TICK_MS) {
+                    log::error!("device event loop: {e:?}");
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Drains the device thread's wake-up eventfd (used to reach the gate).
+struct Kick(EventFd);
+
+impl MutEventSubscriber for Kick {
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new(&self.0, EventSet::IN)) {
+            log::error!("cannot watch the device thread's kick: {e:?}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        let _ = self.0.read();
+    }
+}
+
+/// Stands in for the VM until it runs (the API is bound before that).
+struct NoControl;
+
+impl crate::api::Control for NoControl {
+    fn status(&mut self) -> serde_json::Value {
+        serde_json::json!({"state": "starting"})
+    }
+    fn pause(&mut self) -> Result<f64, String> {
+        Err("the VM is starting".into())
+    }
+    fn resume(&mut self) -> Result<(), String> {
+        Err("the VM is starting".into())
+    }
+    fn metrics(&mut self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+    fn shutdown(&mut self) {}
+    fn snapshot(&mut self, _: &Path) -> Result<serde_json::Value, String> {
+        Err("the VM is starting".into())
+    }
+}
+
+/// The device counters as JSON.
+fn metrics_json(nets: &[NetReport]) -> serde_json::Value {
     let list: Vec<serde_json::Value> = nets
         .iter()
         .map(|n| {
@@ -342,12 +438,20 @@ fn write_metrics(path: &Path, nets: &[NetReport]) -> Result<(), VmError> {
             serde_json::json!({ "tap": n.tap, "counters": c })
         })
         .collect();
-    let doc = serde_json::json!({
+    serde_json::json!({
         "net": list,
         "emulation": crate::emulation::counts(),
-    });
+    })
+}
+
+/// Writes the counters as JSON, atomically (temporary file, then rename).
+fn write_metrics(path: &Path, doc: &serde_json::Value) -> Result<(), VmError> {
+    let err = |e: String| VmError::Metrics {
+        path: path.display().to_string(),
+        err: e,
+    };
     let tmp = path.with_extension("tmp");
-    let text = serde_json::to_string_pretty(&doc).map_err(|e| err(e.to_string()))?;
+    let text = serde_json::to_string_pretty(doc).map_err(|e| err(e.to_string()))?;
     std::fs::write(&tmp, text + "\n").map_err(|e| err(e.to_string()))?;
     std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
 }
