@@ -67,7 +67,9 @@ class Console:
 
     def run(self, cmd, timeout=600):
         self.seq += 1
-        self.p.stdin.write(f"{cmd}; echo \"@@$(({self.seq}))@@\"\n".encode())
+        # `cmd &; echo` is a syntax error: a background job is followed by `true`.
+        sep = " true;" if cmd.rstrip().endswith("&") else ";"
+        self.p.stdin.write(f"{cmd}{sep} echo \"@@$(({self.seq}))@@\"\n".encode())
         self.p.stdin.flush()
         return self.wait_for(f"@@{self.seq}@@".encode(), timeout)
 

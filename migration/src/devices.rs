@@ -1,0 +1,192 @@
+//! The state of tandem's emulated devices, as data: serial, virtio-mmio transport and
+//! queues, virtio-net, virtio-blk.
+//!
+//! This module owns the serde shape of the `dev.<id>` state sections. Neither vm-superio's
+//! `SerialState` nor virtio-queue's `QueueState` implements serde, so they are mirrored
+//! here, with conversions both ways; a mirrored queue is still untrusted, and the devices
+//! crate must rebuild its queue with `Queue::try_from(virtio_queue::QueueState)`, which
+//! validates sizes and addresses. Backend facts (tap name, disk path) are recorded so that
+//! a restore can tell what it is reattaching; the guest-visible configuration is checked
+//! by [`crate::manifest`].
+
+use serde::{Deserialize, Serialize};
+
+/// The state of one device, tagged by kind: the body of a `dev.<id>` section.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DeviceState {
+    /// The 16550 serial console.
+    Serial(SerialState),
+    /// A virtio-net device behind its virtio-mmio transport.
+    VirtioNet {
+        /// The transport's registers and queues.
+        transport: MmioTransportState,
+        /// The device's own state.
+        net: NetState,
+    },
+    /// A virtio-blk device behind its virtio-mmio transport.
+    VirtioBlk {
+        /// The transport's registers and queues.
+        transport: MmioTransportState,
+        /// The device's own state.
+        blk: BlkState,
+    },
+}
+
+/// The 16550 UART registers and pending input (mirror of `vm_superio::serial::SerialState`).
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SerialState {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    /// Received bytes the guest has not read yet.
+    #[serde(with = "crate::hex")]
+    pub in_buffer: Vec<u8>,
+}
+
+impl From<&vm_superio::serial::SerialState> for SerialState {
+    fn from(s: &vm_superio::serial::SerialState) -> Self {
+        SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        }
+    }
+}
+
+impl From<&SerialState> for vm_superio::serial::SerialState {
+    fn from(s: &SerialState) -> Self {
+        vm_superio::serial::SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        }
+    }
+}
+
+/// The virtio-mmio (v2) transport's registers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmioTransportState {
+    /// Device status (`VIRTIO_CONFIG_S_*` bits).
+    pub status: u32,
+    /// `DeviceFeaturesSel`.
+    pub device_features_sel: u32,
+    /// `DriverFeaturesSel`.
+    pub driver_features_sel: u32,
+    /// Features the driver acknowledged.
+    pub acked_features: u64,
+    /// `QueueSel`.
+    pub queue_sel: u32,
+    /// `InterruptStatus` (used-buffer and config-change bits) not yet acknowledged.
+    pub interrupt_status: u32,
+    /// `ConfigGeneration`.
+    pub config_generation: u32,
+    /// The device's queues, in index order.
+    pub queues: Vec<QueueState>,
+}
+
+/// One virtqueue (mirror of `virtio_queue::QueueState`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueState {
+    /// The largest size the device offers.
+    pub max_size: u16,
+    /// The size the driver chose.
+    pub size: u16,
+    /// `QueueReady`.
+    pub ready: bool,
+    /// Guest physical address of the descriptor table.
+    pub desc_table: u64,
+    /// Guest physical address of the available ring.
+    pub avail_ring: u64,
+    /// Guest physical address of the used ring.
+    pub used_ring: u64,
+    /// The next available-ring index the device will read.
+    pub next_avail: u16,
+    /// The next used-ring index the device will write.
+    pub next_used: u16,
+    /// `VIRTIO_F_RING_EVENT_IDX` negotiated.
+    pub event_idx_enabled: bool,
+}
+
+impl From<&virtio_queue::QueueState> for QueueState {
+    fn from(q: &virtio_queue::QueueState) -> Self {
+        QueueState {
+            max_size: q.max_size,
+            size: q.size,
+            ready: q.ready,
+            desc_table: q.desc_table,
+            avail_ring: q.avail_ring,
+            used_ring: q.used_ring,
+            next_avail: q.next_avail,
+            next_used: q.next_used,
+            event_idx_enabled: q.event_idx_enabled,
+        }
+    }
+}
+
+impl From<&QueueState> for virtio_queue::QueueState {
+    fn from(q: &QueueState) -> Self {
+        virtio_queue::QueueState {
+            max_size: q.max_size,
+            size: q.size,
+            ready: q.ready,
+            desc_table: q.desc_table,
+            avail_ring: q.avail_ring,
+            used_ring: q.used_ring,
+            next_avail: q.next_avail,
+            next_used: q.next_used,
+            event_idx_enabled: q.event_idx_enabled,
+        }
+    }
+}
+
+/// virtio-net's own state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetState {
+    /// The guest-visible MAC address.
+    #[serde(with = "crate::hex::mac")]
+    pub mac: [u8; 6],
+    /// Features the driver acknowledged (also in the transport; kept for the device).
+    pub acked_features: u64,
+    /// The tap the device was attached to when saved.
+    pub tap: String,
+}
+
+/// virtio-blk's own state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlkState {
+    /// The disk image the device was attached to when saved.
+    pub path: String,
+    /// Whether the guest sees the disk read-only.
+    pub readonly: bool,
+    /// Features the driver acknowledged.
+    pub acked_features: u64,
+    /// The id string answered to `VIRTIO_BLK_T_GET_ID`.
+    pub id: String,
+}

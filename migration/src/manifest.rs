@@ -1,0 +1,249 @@
+//! The snapshot manifest: what VM a snapshot is of, and whether a requested VM matches it.
+//!
+//! This module owns the `manifest` state section (written first, read first) and the
+//! compatibility check a restore runs before it applies anything: the same memory size,
+//! vCPU count and guest-visible devices (kind, id, MAC, read-only flag, MMIO slot). A
+//! difference in a backend only (another tap, another path to the disk image) is allowed
+//! and reported back as a note, since moving a VM to another host renames those.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hex::mac;
+
+/// The section name of the manifest.
+pub const MANIFEST_SECTION: &str = "manifest";
+
+/// What a snapshot is of: also the shape of a requested configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The tandem version that wrote the snapshot (informational).
+    #[serde(default)]
+    pub tandem_version: String,
+    /// Guest memory in bytes.
+    pub mem_bytes: u64,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Devices, in the order they were attached.
+    pub devices: Vec<DeviceConfig>,
+}
+
+/// Where a virtio-mmio device sits on the guest's bus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmioSlot {
+    /// Base address of its register window.
+    pub base: u64,
+    /// Its interrupt line.
+    pub irq: u32,
+}
+
+impl fmt::Display for MmioSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MMIO {:#x} irq {}", self.base, self.irq)
+    }
+}
+
+/// One device's key configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DeviceConfig {
+    /// The serial console.
+    Serial {
+        /// Device id.
+        id: String,
+    },
+    /// A virtio-net NIC.
+    Net {
+        /// Device id (e.g. `net0`).
+        id: String,
+        /// The host tap.
+        tap: String,
+        /// The guest-visible MAC.
+        #[serde(with = "mac")]
+        mac: [u8; 6],
+        /// Where the guest finds it.
+        slot: MmioSlot,
+    },
+    /// A virtio-blk disk.
+    Blk {
+        /// Device id (e.g. `blk0`).
+        id: String,
+        /// The host disk image.
+        path: String,
+        /// Whether the guest sees it read-only.
+        readonly: bool,
+        /// Where the guest finds it.
+        slot: MmioSlot,
+    },
+}
+
+impl DeviceConfig {
+    /// The device's id.
+    pub fn id(&self) -> &str {
+        match self {
+            DeviceConfig::Serial { id } | DeviceConfig::Net { id, .. } => id,
+            DeviceConfig::Blk { id, .. } => id,
+        }
+    }
+
+    /// A short human description: "NIC net0 on tap0".
+    pub fn describe(&self) -> String {
+        match self {
+            DeviceConfig::Serial { id } => format!("serial console {id}"),
+            DeviceConfig::Net { id, tap, .. } => format!("NIC {id} on {tap}"),
+            DeviceConfig::Blk { id, path, .. } => format!("disk {id} on {path}"),
+        }
+    }
+}
+
+/// Compatibility check failed: every difference that forbids the restore.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CompatError {
+    /// The requested VM is not the one in the snapshot.
+    #[error("the snapshot does not fit this VM: {}", .0.join("; "))]
+    Mismatch(Vec<String>),
+}
+
+fn size(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    if bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+fn plural(n: u32, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
+}
+
+/// Compares a snapshot's manifest with the configuration a restore asks for.
+///
+/// Returns the allowed differences (backends renamed) as notes for the log, or every
+/// forbidding difference at once.
+pub fn check_compatible(
+    snapshot: &Manifest,
+    requested: &Manifest,
+) -> Result<Vec<String>, CompatError> {
+    let mut errors = Vec::new();
+    let mut notes = Vec::new();
+    if snapshot.mem_bytes != requested.mem_bytes {
+        errors.push(format!(
+            "snapshot has {} of memory, this VM asks for {}",
+            size(snapshot.mem_bytes),
+            size(requested.mem_bytes)
+        ));
+    }
+    if snapshot.vcpus != requested.vcpus {
+        errors.push(format!(
+            "snapshot has {}, this VM asks for {}",
+            plural(snapshot.vcpus, "vCPU"),
+            requested.vcpus
+        ));
+    }
+    for saved in &snapshot.devices {
+        let Some(asked) = requested.devices.iter().find(|d| d.id() == saved.id()) else {
+            errors.push(format!("snapshot has {}; none given", saved.describe()));
+            continue;
+        };
+        compare_device(saved, asked, &mut errors, &mut notes);
+    }
+    for asked in &requested.devices {
+        if !snapshot.devices.iter().any(|d| d.id() == asked.id()) {
+            errors.push(format!(
+                "this VM asks for {}, which the snapshot does not have",
+                asked.describe()
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(notes)
+    } else {
+        Err(CompatError::Mismatch(errors))
+    }
+}
+
+fn compare_device(
+    saved: &DeviceConfig,
+    asked: &DeviceConfig,
+    errors: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    use DeviceConfig::*;
+    let id = saved.id();
+    let slot = |errors: &mut Vec<String>, what: &str, s: &MmioSlot, a: &MmioSlot| {
+        if s != a {
+            errors.push(format!(
+                "{what} {id}: snapshot has it at {s}, this VM puts it at {a}"
+            ));
+        }
+    };
+    match (saved, asked) {
+        (Serial { .. }, Serial { .. }) => {}
+        (
+            Net {
+                tap: st,
+                mac: sm,
+                slot: ss,
+                ..
+            },
+            Net {
+                tap: at,
+                mac: am,
+                slot: asl,
+                ..
+            },
+        ) => {
+            if sm != am {
+                errors.push(format!(
+                    "NIC {id}: snapshot has MAC {}, this VM asks for {}",
+                    mac::format(sm),
+                    mac::format(am)
+                ));
+            }
+            slot(errors, "NIC", ss, asl);
+            if st != at {
+                notes.push(format!("NIC {id}: snapshot was on {st}, now on {at}"));
+            }
+        }
+        (
+            Blk {
+                path: sp,
+                readonly: sr,
+                slot: ss,
+                ..
+            },
+            Blk {
+                path: ap,
+                readonly: ar,
+                slot: asl,
+                ..
+            },
+        ) => {
+            if sr != ar {
+                let ro = |r: &bool| if *r { "read-only" } else { "read-write" };
+                errors.push(format!(
+                    "disk {id}: snapshot has it {}, this VM asks for {}",
+                    ro(sr),
+                    ro(ar)
+                ));
+            }
+            slot(errors, "disk", ss, asl);
+            if sp != ap {
+                notes.push(format!("disk {id}: snapshot was on {sp}, now on {ap}"));
+            }
+        }
+        _ => errors.push(format!(
+            "snapshot has {}, this VM asks for {}",
+            saved.describe(),
+            asked.describe()
+        )),
+    }
+}
