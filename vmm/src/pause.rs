@@ -67,6 +67,14 @@ impl Gate {
 
     /// Called by a gated thread at a clean point: parks while paused.
     pub fn park_if_paused(&self) {
+        self.park_serving(|| {});
+    }
+
+    /// [`Gate::park_if_paused`], calling `serve` once parked and on every
+    /// [`Gate::wake`] while parked: the parked thread does work only it can
+    /// do (a vCPU reads its own state). `serve` runs with the gate's lock
+    /// held, so a request sent before `wake` is never missed.
+    pub fn park_serving(&self, mut serve: impl FnMut()) {
         if !self.pause_requested() {
             return;
         }
@@ -77,6 +85,7 @@ impl Gate {
         s.parked += 1;
         self.changed.notify_all();
         while s.paused {
+            serve();
             s = self
                 .changed
                 .wait(s)
@@ -128,6 +137,13 @@ impl Gate {
         let mut s = devices::bus::lock(&self.state);
         s.paused = false;
         self.requested.store(false, Ordering::SeqCst);
+        self.changed.notify_all();
+    }
+
+    /// Wakes the parked threads so that they look for work (see
+    /// [`Gate::park_serving`]); they stay parked.
+    pub fn wake(&self) {
+        let _s = devices::bus::lock(&self.state);
         self.changed.notify_all();
     }
 
@@ -184,6 +200,40 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+    }
+
+    #[test]
+    fn a_parked_thread_serves_requests_and_stays_parked() {
+        let gate = Arc::new(Gate::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<u32>>();
+        let runs = Arc::new(AtomicU64::new(0));
+        let t = {
+            let (gate, stop, runs) = (gate.clone(), stop.clone(), runs.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    gate.park_serving(|| {
+                        while let Ok(reply) = rx.try_recv() {
+                            reply.send(7).unwrap();
+                        }
+                    });
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        gate.pause(1, || {}).unwrap();
+        let at_pause = runs.load(Ordering::SeqCst);
+        for _ in 0..3 {
+            let (reply, answer) = std::sync::mpsc::channel();
+            tx.send(reply).unwrap();
+            gate.wake();
+            assert_eq!(answer.recv_timeout(Duration::from_secs(5)), Ok(7));
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), at_pause, "left the gate");
+        stop.store(true, Ordering::SeqCst);
+        gate.resume();
+        t.join().unwrap();
     }
 
     #[test]
