@@ -15,5 +15,7 @@ pub mod emulation;
 pub mod exit;
 pub mod host;
 pub mod pause;
+pub mod snapshot;
 pub mod vcpu;
+pub mod vcpu_state;
 pub mod vm;

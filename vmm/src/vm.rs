@@ -1,6 +1,11 @@
 //! Builds a VM from a [`VmConfig`] and runs it until it ends: KVM VM with the
 //! in-kernel irqchip and PIT, guest memory, the legacy devices, the loaded
 //! kernel, and one thread per vCPU. The calling thread waits for the end.
+//!
+//! A VM starts one of two ways ([`Start`]): booted (kernel loaded, boot vCPU
+//! set up for the kernel's entry) or restored from a snapshot already
+//! verified by [`snapshot::load`] (memory, VM state, vCPU and serial state
+//! from the file); everything else is built the same way.
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -27,12 +32,15 @@ use crate::api::ApiServer;
 use crate::boot::{self, cpu, layout};
 use crate::config::{self, VmConfig};
 use crate::console::{self, ConsoleOut};
+use crate::control::SnapshotParts;
 use crate::control::VmControl;
 use crate::cpuid;
 use crate::exit::{ExitSignal, VmExit};
 use crate::host::HostKind;
 use crate::pause::{self, Gate};
+use crate::snapshot::{self, Restore};
 use crate::vcpu::Vcpu;
+use crate::vcpu_state::{self, VcpuStateError};
 
 const I8042_PORT: u64 = 0x60;
 const I8042_PORTS: u64 = 5;
@@ -75,6 +83,20 @@ pub enum VmError {
     Metrics { path: String, err: String },
     #[error("cannot start a thread or eventfd: {0}")]
     Io(#[from] io::Error),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+    #[error("restoring vCPU {id}: {err}")]
+    VcpuState { id: u8, err: VcpuStateError },
+    #[error("restoring the serial port: {0}")]
+    Serial(io::Error),
+}
+
+/// How the guest starts.
+pub enum Start {
+    /// Load the kernel and boot it.
+    Boot,
+    /// Continue a saved VM (verified and converted by [`snapshot::load`]).
+    Restore(Box<Restore>),
 }
 
 fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -135,12 +157,25 @@ pub fn effective_cmdline(user: &str, host: HostKind) -> String {
     out.join(" ")
 }
 
-/// Runs the VM until it ends. Errors are for what fails before it runs.
-/// The vCPU threads are not joined: the caller exits the process, which
-/// ends them (they hold their own references to the VM and its memory).
+/// Boots the VM and runs it until it ends.
 pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
+    run_from(cfg, Start::Boot)
+}
+
+/// Runs the VM from `start` until it ends. Errors are for what fails before
+/// it runs. The vCPU threads are not joined: the caller exits the process,
+/// which ends them (they hold their own references to the VM and its memory).
+/// On a restore, `cfg.kernel`, `initrd` and `cmdline` are not used, and
+/// `cfg.nets` must be empty (checked by the caller).
+pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let host = HostKind::detect();
     let kvm = open_kvm()?;
+    let msr_indices = Arc::new(
+        vcpu_state::msr_index_list(&kvm).map_err(|err| VmError::VcpuState { id: 0, err })?,
+    );
+    if matches!(start, Start::Restore(_)) {
+        vcpu_state::check_xsave_size(&kvm).map_err(|err| VmError::VcpuState { id: 0, err })?;
+    }
     let vm = kvm.create_vm().map_err(kvm_err("create a VM"))?;
     vm.set_tss_address(layout::KVM_TSS_ADDRESS)
         .map_err(kvm_err("set the TSS address"))?;
@@ -177,25 +212,39 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     }
     let mmio = Arc::new(mmio);
 
-    let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
-    log::info!("host: {host:?}; kernel command line: {cmdline}");
-    let info = boot::load(
-        &mem,
-        &boot::BootSpec {
-            kernel: &cfg.kernel,
-            initrd: cfg.initrd.as_deref(),
-            cmdline: &cmdline,
-            num_cpus: cfg.cpus,
-        },
-    )?;
+    let entry = match &mut start {
+        Start::Boot => {
+            let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
+            log::info!("host: {host:?}; kernel command line: {cmdline}");
+            let info = boot::load(
+                &mem,
+                &boot::BootSpec {
+                    kernel: &cfg.kernel,
+                    initrd: cfg.initrd.as_deref(),
+                    cmdline: &cmdline,
+                    num_cpus: cfg.cpus,
+                },
+            )?;
+            Some(info.entry)
+        }
+        Start::Restore(r) => {
+            let stats = r.fill_memory(&mem)?;
+            log::info!("restore: {} pages of guest memory", stats.pages);
+            r.apply_vm_state(&vm)?;
+            None
+        }
+    };
 
     let serial_irq = EventFd::new(libc::EFD_NONBLOCK)?;
     vm.register_irqfd(&serial_irq, COM1_IRQ)
         .map_err(kvm_err("register the serial interrupt"))?;
-    let serial = Arc::new(Mutex::new(Serial::new(
-        serial_irq,
-        ConsoleOut::new(io::stdout(), exit.clone()),
-    )));
+    let out = ConsoleOut::new(io::stdout(), exit.clone());
+    let serial = Arc::new(Mutex::new(match &start {
+        Start::Boot => Serial::new(serial_irq, out),
+        Start::Restore(r) => {
+            Serial::from_state(serial_irq, out, &r.serial).map_err(VmError::Serial)?
+        }
+    }));
     let mut pio = Bus::new();
     pio.insert(serial.clone(), COM1_PORT, UART_PORTS)
         .map_err(|e| VmError::Devices(e.to_string()))?;
@@ -210,6 +259,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     let base_cpuid = cpuid::supported(&kvm)?;
     let vcpu_gate = Arc::new(Gate::default());
     let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
+    let mut vcpu_requests = Vec::with_capacity(cfg.cpus as usize);
     for id in 0..cfg.cpus {
         let fd = vm
             .create_vcpu(u64::from(id))
@@ -217,10 +267,17 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
         fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, id, cfg.cpus, host))
             .map_err(kvm_err("set CPUID"))?;
         cpu::setup_msrs(&fd)?;
-        if id == 0 {
-            cpu::setup_boot_vcpu(&fd, &mem, info.entry)?;
+        if let (0, Some(entry)) = (id, entry) {
+            cpu::setup_boot_vcpu(&fd, &mem, entry)?;
         }
         cpu::setup_lapic(&fd)?;
+        if let Start::Restore(r) = &start {
+            if let Some(saved) = r.vcpus.get(usize::from(id)) {
+                vcpu_state::apply(&fd, saved).map_err(|err| VmError::VcpuState { id, err })?;
+            }
+        }
+        let (tx, requests) = std::sync::mpsc::channel();
+        vcpu_requests.push(tx);
         vcpus.push(Vcpu {
             fd,
             id,
@@ -229,6 +286,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
             mem: mem.clone(),
             exit: exit.clone(),
             gate: vcpu_gate.clone(),
+            requests,
         });
     }
     let vm = Arc::new(vm);
@@ -258,6 +316,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
 
     pause::install_kick_handler().map_err(|e| VmError::Devices(e.to_string()))?;
     let raw = console::enter_raw_mode();
+    let serial_for_api = serial.clone();
     console::spawn_input(serial, exit.clone(), raw)?;
     let mut vcpu_threads = Vec::with_capacity(vcpus.len());
     for v in vcpus {
@@ -265,7 +324,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     }
     if let Some(mut api) = api {
         let nets = nets.clone();
-        api.set_control(Box::new(VmControl::new(
+        let mut control = VmControl::new(
             vm.clone(),
             vcpu_gate,
             vcpu_threads,
@@ -275,7 +334,16 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
             Box::new(move || metrics_json(&nets)),
             cfg.mem_bytes,
             cfg.cpus,
-        )));
+        );
+        let serial = serial_for_api;
+        control.snapshot = Some(SnapshotParts {
+            mem: mem.clone(),
+            serial: Box::new(move || devices::bus::lock(&serial).state()),
+            vcpus: vcpu_requests,
+            msr_indices,
+            virtio_devices: cfg.nets.len(),
+        });
+        api.set_control(Box::new(control));
         main_em.add_subscriber(Arc::new(Mutex::new(api)));
     }
     // The VMM thread: control requests and metrics until the VM ends.
