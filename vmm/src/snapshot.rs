@@ -344,3 +344,89 @@ impl Restore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file with a manifest and whatever `more` writes after it.
+    fn file_with(
+        name: &str,
+        m: &Manifest,
+        more: impl FnOnce(&mut SnapshotWriter<BufWriter<File>>),
+    ) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "tandem-snapshot-unit-{}-{name}",
+            std::process::id()
+        ));
+        let mut w = SnapshotWriter::new(BufWriter::new(File::create(&path).unwrap())).unwrap();
+        w.write_state(section::MANIFEST, m).unwrap();
+        more(&mut w);
+        w.finish().unwrap();
+        path
+    }
+
+    fn load_err(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> String {
+        let e = load(path, mem, cpus).err().expect("refused");
+        let _ = std::fs::remove_file(path);
+        e.to_string()
+    }
+
+    #[test]
+    fn tmp_file_sits_next_to_the_target() {
+        assert_eq!(
+            tmp_path(Path::new("/a/b/vm.snap")),
+            Path::new("/a/b/vm.snap.tmp")
+        );
+    }
+
+    #[test]
+    fn a_mismatch_is_refused_with_the_manifest_message() {
+        let p = file_with("mismatch", &manifest(128 << 20, 1), |_| {});
+        let e = load_err(&p, Some(256 << 20), None);
+        assert!(
+            e.contains("snapshot has 128 MiB of memory, this VM asks for 256 MiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_forged_vcpu_count_is_refused() {
+        let p = file_with("cpus", &manifest(128 << 20, 200), |_| {});
+        let e = load_err(&p, None, None);
+        assert!(e.contains("200 vCPUs"), "{e}");
+    }
+
+    #[test]
+    fn a_foreign_device_is_refused() {
+        let mut m = manifest(128 << 20, 1);
+        m.devices.push(DeviceConfig::Net {
+            id: "net0".into(),
+            tap: "tap0".into(),
+            mac: [2, 0, 0, 0, 0, 1],
+            slot: migration::manifest::MmioSlot {
+                base: 0xd000_0000,
+                irq: 5,
+            },
+        });
+        let p = file_with("net", &m, |_| {});
+        let e = load_err(&p, None, None);
+        assert!(e.contains("NIC net0"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_vm_section_is_refused_before_anything_is_built() {
+        let p = file_with("vm", &manifest(128 << 20, 1), |w| {
+            w.write_state(section::VM, &VmState::default()).unwrap();
+        });
+        let e = load_err(&p, None, None);
+        assert!(e.contains("section vm: PIC master state is 0 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_section_is_refused() {
+        let p = file_with("missing", &manifest(128 << 20, 1), |_| {});
+        let e = load_err(&p, None, None);
+        assert!(e.contains("no section \"vm\""), "{e}");
+    }
+}
