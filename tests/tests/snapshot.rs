@@ -34,8 +34,13 @@ fn number(vm: &mut TestVm, cmd: &str) -> f64 {
         .unwrap_or_else(|| panic!("`{cmd}`: not a number: {out}"))
 }
 
+/// The counter's value. The loop rewrites the file (truncate, then write),
+/// so a read can fall between the two: the shell reads until it gets a value.
 fn count(vm: &mut TestVm) -> u64 {
-    number(vm, "cat /tmp/count") as u64
+    number(
+        vm,
+        "c=; while [ -z \"$c\" ]; do read c </tmp/count; done; echo $c",
+    ) as u64
 }
 
 fn uptime(vm: &mut TestVm) -> f64 {

@@ -152,3 +152,50 @@ pub fn apply(fd: &VcpuFd, s: &KvmVcpuState) -> Result<(), VcpuStateError> {
         .map_err(kvm("set vCPU events"))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpuid;
+    use crate::host::HostKind;
+
+    /// Capture from one fresh vCPU and apply to another: every saved MSR
+    /// must be writable, and the state must read back the same. Needs
+    /// /dev/kvm (creates vCPUs, runs no guest code).
+    #[test]
+    fn capture_then_apply_on_a_fresh_vcpu() {
+        let kvm = Kvm::new().expect("/dev/kvm");
+        check_xsave_size(&kvm).expect("xsave size");
+        let indices = msr_index_list(&kvm).unwrap();
+        let vm = kvm.create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let base = cpuid::supported(&kvm).unwrap();
+        let table = cpuid::for_vcpu(&base, 0, 1, HostKind::detect());
+        let a = vm.create_vcpu(0).unwrap();
+        a.set_cpuid2(&table).unwrap();
+        crate::boot::cpu::setup_msrs(&a).unwrap();
+        crate::boot::cpu::setup_lapic(&a).unwrap();
+        let mut regs = a.get_regs().unwrap();
+        regs.rax = 0x1234_5678;
+        a.set_regs(&regs).unwrap();
+        let saved = capture(&a, &indices).unwrap();
+        assert!(!saved.msrs.is_empty());
+        eprintln!(
+            "{} of {} listed MSRs saved",
+            saved.msrs.len(),
+            indices.len()
+        );
+        drop(a);
+
+        let vm2 = kvm.create_vm().unwrap();
+        vm2.create_irq_chip().unwrap();
+        let b = vm2.create_vcpu(0).unwrap();
+        b.set_cpuid2(&table).unwrap();
+        apply(&b, &saved).unwrap();
+        let again = capture(&b, &indices).unwrap();
+        assert_eq!(again.regs.rax, 0x1234_5678);
+        assert_eq!(again.sregs.cr0, saved.sregs.cr0);
+        let indices_of = |m: &[kvm_msr_entry]| m.iter().map(|e| e.index).collect::<Vec<_>>();
+        assert_eq!(indices_of(&again.msrs), indices_of(&saved.msrs));
+    }
+}
