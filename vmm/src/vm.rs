@@ -87,6 +87,8 @@ pub enum VmError {
     Snapshot(#[from] snapshot::SnapshotError),
     #[error("restoring vCPU {id}: {err}")]
     VcpuState { id: u8, err: VcpuStateError },
+    #[error(transparent)]
+    SaveSetup(VcpuStateError),
     #[error("restoring the serial port: {0}")]
     Serial(io::Error),
 }
@@ -170,11 +172,9 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
 pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let host = HostKind::detect();
     let kvm = open_kvm()?;
-    let msr_indices = Arc::new(
-        vcpu_state::msr_index_list(&kvm).map_err(|err| VmError::VcpuState { id: 0, err })?,
-    );
+    let msr_indices = Arc::new(vcpu_state::msr_index_list(&kvm).map_err(VmError::SaveSetup)?);
     if matches!(start, Start::Restore(_)) {
-        vcpu_state::check_xsave_size(&kvm).map_err(|err| VmError::VcpuState { id: 0, err })?;
+        vcpu_state::check_xsave_size(&kvm).map_err(VmError::SaveSetup)?;
     }
     let vm = kvm.create_vm().map_err(kvm_err("create a VM"))?;
     vm.set_tss_address(layout::KVM_TSS_ADDRESS)
