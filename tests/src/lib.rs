@@ -151,6 +151,17 @@ impl TestVm {
         vm
     }
 
+    /// Starts `tandem run --restore <file> <extra>` and syncs with the
+    /// restored guest's shell by running a command on its console (a
+    /// restored guest prints no ready marker).
+    pub fn restore(file: &Path, extra: &[&str]) -> TestVm {
+        let mut args = vec!["--restore", file.to_str().expect("UTF-8 path")];
+        args.extend_from_slice(extra);
+        let mut vm = TestVm::start(&args);
+        vm.ok("true", Duration::from_secs(120));
+        vm
+    }
+
     /// The VMM's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

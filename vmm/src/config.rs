@@ -314,6 +314,8 @@ pub struct VmConfig {
     pub disks: Vec<DiskSpec>,
     /// Where to write device counters as JSON (every second and at exit).
     pub metrics: Option<PathBuf>,
+    /// The control API's Unix socket.
+    pub api_sock: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ pub enum VmExit {
     PowerOff,
     /// The user quit from the console (Ctrl-A x).
     Quit,
+    /// A `shutdown` request on the control API.
+    Shutdown,
     /// The guest kernel panicked; the panic line.
     Panic(String),
     /// A vCPU could not go on; what happened.
@@ -25,7 +27,7 @@ impl VmExit {
     /// errors before the guest runs.)
     pub fn status(&self) -> i32 {
         match self {
-            VmExit::Reboot | VmExit::PowerOff | VmExit::Quit => 0,
+            VmExit::Reboot | VmExit::PowerOff | VmExit::Quit | VmExit::Shutdown => 0,
             VmExit::Panic(_) => 2,
             VmExit::Fatal(_) => 3,
         }

@@ -5,12 +5,17 @@
 //! user's terminal; `host`, `cpuid` and `emulation` hold what this host's
 //! KVM needs (see each module).
 
+pub mod api;
 pub mod boot;
 pub mod config;
 pub mod console;
+pub mod control;
 pub mod cpuid;
 pub mod emulation;
 pub mod exit;
 pub mod host;
+pub mod pause;
+pub mod snapshot;
 pub mod vcpu;
+pub mod vcpu_state;
 pub mod vm;

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use vmm::config::{self, VmConfig, DEFAULT_CMDLINE, DEFAULT_MEM};
 use vmm::exit::VmExit;
+use vmm::vm::Start;
 
 #[derive(Parser)]
 #[command(
@@ -36,6 +37,42 @@ kernel panics, 3 when a vCPU fails.
 
 Example: printf 'uname -r\\nreboot -f\\n' | tandem run")]
     Run(RunArgs),
+    /// Send a request to a running VM's control API and print the answer
+    /// (JSON). Exit status 0 when the request succeeded, 1 otherwise.
+    #[command(after_help = "\
+Verbs: status, pause, resume, metrics, shutdown, snapshot PATH.
+
+Example: tandem ctl --api-sock /tmp/vm.sock pause")]
+    Ctl(CtlArgs),
+}
+
+#[derive(Args)]
+struct CtlArgs {
+    /// The VM's control socket (what `tandem run --api-sock` was given).
+    #[arg(long, value_name = "PATH")]
+    api_sock: PathBuf,
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand)]
+enum Verb {
+    /// State (running or paused), vCPUs, memory, uptime.
+    Status,
+    /// Stop every vCPU and device processing; the guest clock stops too.
+    Pause,
+    /// Continue a paused VM.
+    Resume,
+    /// Device counters.
+    Metrics,
+    /// End the VM (tandem exits with status 0).
+    Shutdown,
+    /// Write the whole VM to PATH (pausing it meanwhile if it runs); continue
+    /// it later with `tandem run --restore PATH`. Not for VMs with --net.
+    Snapshot {
+        /// The snapshot file to write.
+        path: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -52,9 +89,9 @@ struct RunArgs {
     #[arg(long, value_name = "STR", default_value = DEFAULT_CMDLINE)]
     cmdline: String,
     /// Guest memory: a number with K, M, G or T (a plain number is MiB).
-    #[arg(long, value_name = "SIZE", default_value = DEFAULT_MEM,
-          value_parser = config::parse_mem)]
-    mem: u64,
+    /// Default: 128M, or the snapshot's with --restore.
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_mem)]
+    mem: Option<u64>,
     /// Print the kernel command line the guest would get (with what this
     /// host needs appended) and exit.
     #[arg(long)]
@@ -81,15 +118,50 @@ struct RunArgs {
     /// Write device counters as JSON to PATH, every second and at exit.
     #[arg(long, value_name = "PATH")]
     metrics: Option<PathBuf>,
-    /// Number of vCPUs (1 to 32).
-    #[arg(long, value_name = "N", default_value = "1",
+    /// Serve the control API on a Unix socket at PATH (JSON lines; see
+    /// `tandem ctl --help`). A stale socket file there is replaced.
+    #[arg(long, value_name = "PATH")]
+    api_sock: Option<PathBuf>,
+    /// Number of vCPUs (1 to 32). Default: 1, or the snapshot's with --restore.
+    #[arg(long, value_name = "N",
           value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
-    cpus: u8,
+    cpus: Option<u8>,
+    /// Continue the VM saved in FILE (by `tandem ctl ... snapshot FILE`)
+    /// instead of booting a kernel. The whole file is verified first; a
+    /// --mem or --cpus different from the snapshot's is refused. VMs with
+    /// --net cannot be snapshotted or restored yet.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline"])]
+    restore: Option<PathBuf>,
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("tandem: error: {msg}");
     ExitCode::from(1)
+}
+
+fn run_ctl(args: CtlArgs) -> ExitCode {
+    let req = match &args.verb {
+        Verb::Status => serde_json::json!({"cmd": "status"}),
+        Verb::Pause => serde_json::json!({"cmd": "pause"}),
+        Verb::Resume => serde_json::json!({"cmd": "resume"}),
+        Verb::Metrics => serde_json::json!({"cmd": "metrics"}),
+        Verb::Shutdown => serde_json::json!({"cmd": "shutdown"}),
+        Verb::Snapshot { path } => serde_json::json!({"cmd": "snapshot", "path": path}),
+    };
+    match vmm::api::request(&args.api_sock, &req) {
+        Ok(answer) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&answer).unwrap_or_default()
+            );
+            if answer["ok"] == true {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => fail(e),
+    }
 }
 
 fn main() -> ExitCode {
@@ -115,7 +187,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let Command::Run(args) = cli.command;
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Ctl(ctl) => return run_ctl(ctl),
+    };
     if args.print_cmdline {
         println!(
             "{}",
@@ -124,8 +199,18 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
 
-    let asked_mem = format!("{}M", args.mem >> 20);
-    if let Err(e) = config::check_mem_fits(args.mem, &asked_mem) {
+    if let Some(path) = args.restore.clone() {
+        return restore(&path, args);
+    }
+    let mem = match args.mem {
+        Some(m) => m,
+        None => match config::parse_mem(DEFAULT_MEM) {
+            Ok(m) => m,
+            Err(e) => return fail(e),
+        },
+    };
+    let asked_mem = format!("{}M", mem >> 20);
+    if let Err(e) = config::check_mem_fits(mem, &asked_mem) {
         return fail(e);
     }
     let (kernel, initrd) = match args.kernel {
@@ -139,13 +224,47 @@ fn main() -> ExitCode {
         kernel,
         initrd,
         cmdline: args.cmdline,
-        mem_bytes: args.mem,
-        cpus: args.cpus,
+        mem_bytes: mem,
+        cpus: args.cpus.unwrap_or(1),
         nets: args.nets,
         disks: args.disks,
         metrics: args.metrics,
+        api_sock: args.api_sock,
     };
-    match vmm::vm::run(&cfg) {
+    finish(vmm::vm::run(&cfg))
+}
+
+/// `tandem run --restore FILE`: verify everything, then build and run.
+fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
+    if !args.nets.is_empty() || !args.disks.is_empty() {
+        return fail(
+            "--restore: snapshot of virtio devices is not supported yet (no --net or --disk)",
+        );
+    }
+    let snap = match vmm::snapshot::load(path, args.mem, args.cpus) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let cpus = match u8::try_from(snap.manifest.vcpus) {
+        Ok(c) => c,
+        Err(_) => return fail(format!("{}: bad vCPU count", path.display())),
+    };
+    let cfg = VmConfig {
+        kernel: PathBuf::new(),
+        initrd: None,
+        cmdline: String::new(),
+        mem_bytes: snap.manifest.mem_bytes,
+        cpus,
+        nets: Vec::new(),
+        disks: Vec::new(),
+        metrics: args.metrics,
+        api_sock: args.api_sock,
+    };
+    finish(vmm::vm::run_from(&cfg, Start::Restore(Box::new(snap))))
+}
+
+fn finish(result: Result<VmExit, vmm::vm::VmError>) -> ExitCode {
+    match result {
         Ok(why) => {
             match &why {
                 VmExit::Panic(msg) => eprintln!("tandem: the guest kernel panicked: {msg}"),

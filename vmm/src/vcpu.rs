@@ -2,14 +2,27 @@
 //! the bus and reports how the VM ended. A vCPU thread never blocks on
 //! anything but KVM_RUN and the lock of the device it is accessing.
 
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
 use devices::Bus;
 use kvm_ioctls::{VcpuExit, VcpuFd};
+use migration::kvm::KvmVcpuState;
 use vm_memory::GuestMemoryMmap;
 
 use crate::emulation;
 use crate::exit::{ExitSignal, VmExit};
+use crate::pause::Gate;
+use crate::vcpu_state;
+
+/// Work a parked vCPU thread does for the VMM thread (only it owns its fd).
+pub enum VcpuRequest {
+    /// Read the vCPU's whole state (MSRs from this index list) and send it back.
+    Save {
+        msr_indices: Arc<Vec<u32>>,
+        reply: Sender<Result<KvmVcpuState, String>>,
+    },
+}
 
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;
@@ -22,6 +35,10 @@ pub struct Vcpu {
     pub mmio: Arc<Bus>,
     pub mem: GuestMemoryMmap,
     pub exit: Arc<ExitSignal>,
+    /// Where this vCPU parks while the VM is paused.
+    pub gate: Arc<Gate>,
+    /// Requests served while parked (see [`VcpuRequest`]).
+    pub requests: Receiver<VcpuRequest>,
 }
 
 impl Vcpu {
@@ -35,8 +52,26 @@ impl Vcpu {
             })
     }
 
+    /// Serves what the VMM thread asked for; called parked, at the gate.
+    fn serve(&mut self) {
+        while let Ok(req) = self.requests.try_recv() {
+            match req {
+                VcpuRequest::Save { msr_indices, reply } => {
+                    vcpu_state::complete_pending_exit(&mut self.fd);
+                    let state = vcpu_state::capture(&self.fd, &msr_indices)
+                        .map_err(|e| format!("vCPU {}: {e}", self.id));
+                    let _ = reply.send(state);
+                }
+            }
+        }
+    }
+
     fn run(mut self) -> VmExit {
+        let gate = self.gate.clone();
         loop {
+            // A clean point: the last exit is fully handled. A pause kicks
+            // KVM_RUN with a signal (EINTR) and the vCPU parks here.
+            gate.park_serving(|| self.serve());
             match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => {
                     if !self.pio.read(u64::from(port), data) {

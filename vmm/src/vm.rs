@@ -1,6 +1,11 @@
 //! Builds a VM from a [`VmConfig`] and runs it until it ends: KVM VM with the
 //! in-kernel irqchip and PIT, guest memory, the legacy devices, the loaded
 //! kernel, and one thread per vCPU. The calling thread waits for the end.
+//!
+//! A VM starts one of two ways ([`Start`]): booted (kernel loaded, boot vCPU
+//! set up for the kernel's entry) or restored from a snapshot already
+//! verified by [`snapshot::load`] (memory, VM state, vCPU and serial state
+//! from the file); everything else is built the same way.
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -27,13 +32,19 @@ use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::api::ApiServer;
 use crate::boot::{self, cpu, layout};
 use crate::config::{self, VmConfig};
 use crate::console::{self, ConsoleOut};
+use crate::control::SnapshotParts;
+use crate::control::VmControl;
 use crate::cpuid;
 use crate::exit::{ExitSignal, VmExit};
 use crate::host::HostKind;
+use crate::pause::{self, Gate};
+use crate::snapshot::{self, Restore};
 use crate::vcpu::Vcpu;
+use crate::vcpu_state::{self, VcpuStateError};
 
 const I8042_PORT: u64 = 0x60;
 const I8042_PORTS: u64 = 5;
@@ -41,6 +52,10 @@ const I8042_PORTS: u64 = 5;
 const VIRTIO_IRQ_BASE: u32 = 5;
 const VIRTIO_IRQ_LAST: u32 = 23;
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
+/// How often the device thread looks at its pause gate when idle.
+const DEVICE_TICK_MS: i32 = 100;
+
+type Subscribers = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
 
 /// Errors before the guest runs.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +77,8 @@ pub enum VmError {
     Cpuid(#[from] cpuid::CpuidError),
     #[error("cannot set up devices: {0}")]
     Devices(String),
+    #[error(transparent)]
+    Api(#[from] crate::api::ApiError),
     #[error("--net tap={tap}: {err}")]
     Net { tap: String, err: String },
     #[error("--disk: {0}")]
@@ -72,6 +89,22 @@ pub enum VmError {
     Metrics { path: String, err: String },
     #[error("cannot start a thread or eventfd: {0}")]
     Io(#[from] io::Error),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+    #[error("restoring vCPU {id}: {err}")]
+    VcpuState { id: u8, err: VcpuStateError },
+    #[error(transparent)]
+    SaveSetup(VcpuStateError),
+    #[error("restoring the serial port: {0}")]
+    Serial(io::Error),
+}
+
+/// How the guest starts.
+pub enum Start {
+    /// Load the kernel and boot it.
+    Boot,
+    /// Continue a saved VM (verified and converted by [`snapshot::load`]).
+    Restore(Box<Restore>),
 }
 
 fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -132,12 +165,23 @@ pub fn effective_cmdline(user: &str, host: HostKind) -> String {
     out.join(" ")
 }
 
-/// Runs the VM until it ends. Errors are for what fails before it runs.
-/// The vCPU threads are not joined: the caller exits the process, which
-/// ends them (they hold their own references to the VM and its memory).
+/// Boots the VM and runs it until it ends.
 pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
+    run_from(cfg, Start::Boot)
+}
+
+/// Runs the VM from `start` until it ends. Errors are for what fails before
+/// it runs. The vCPU threads are not joined: the caller exits the process,
+/// which ends them (they hold their own references to the VM and its memory).
+/// On a restore, `cfg.kernel`, `initrd` and `cmdline` are not used, and
+/// `cfg.nets` must be empty (checked by the caller).
+pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let host = HostKind::detect();
     let kvm = open_kvm()?;
+    let msr_indices = Arc::new(vcpu_state::msr_index_list(&kvm).map_err(VmError::SaveSetup)?);
+    if matches!(start, Start::Restore(_)) {
+        vcpu_state::check_xsave_size(&kvm).map_err(VmError::SaveSetup)?;
+    }
     let vm = kvm.create_vm().map_err(kvm_err("create a VM"))?;
     vm.set_tss_address(layout::KVM_TSS_ADDRESS)
         .map_err(kvm_err("set the TSS address"))?;
@@ -152,8 +196,9 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
 
     let mem = create_memory(&vm, cfg.mem_bytes)?;
     let exit = Arc::new(ExitSignal::new()?);
-    let mut em = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
-        .map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
+    // Device work runs on its own thread's event loop; the calling thread
+    // keeps the control API, metrics and the end of the VM.
+    let mut em = Subscribers::new().map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
 
     // virtio-mmio devices, each announced on the command line.
     let mut mmio = Bus::new();
@@ -188,25 +233,39 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     }
     let mmio = Arc::new(mmio);
 
-    let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
-    log::info!("host: {host:?}; kernel command line: {cmdline}");
-    let info = boot::load(
-        &mem,
-        &boot::BootSpec {
-            kernel: &cfg.kernel,
-            initrd: cfg.initrd.as_deref(),
-            cmdline: &cmdline,
-            num_cpus: cfg.cpus,
-        },
-    )?;
+    let entry = match &mut start {
+        Start::Boot => {
+            let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
+            log::info!("host: {host:?}; kernel command line: {cmdline}");
+            let info = boot::load(
+                &mem,
+                &boot::BootSpec {
+                    kernel: &cfg.kernel,
+                    initrd: cfg.initrd.as_deref(),
+                    cmdline: &cmdline,
+                    num_cpus: cfg.cpus,
+                },
+            )?;
+            Some(info.entry)
+        }
+        Start::Restore(r) => {
+            let stats = r.fill_memory(&mem)?;
+            log::info!("restore: {} pages of guest memory", stats.pages);
+            r.apply_vm_state(&vm)?;
+            None
+        }
+    };
 
     let serial_irq = EventFd::new(libc::EFD_NONBLOCK)?;
     vm.register_irqfd(&serial_irq, COM1_IRQ)
         .map_err(kvm_err("register the serial interrupt"))?;
-    let serial = Arc::new(Mutex::new(Serial::new(
-        serial_irq,
-        ConsoleOut::new(io::stdout(), exit.clone()),
-    )));
+    let out = ConsoleOut::new(io::stdout(), exit.clone());
+    let serial = Arc::new(Mutex::new(match &start {
+        Start::Boot => Serial::new(serial_irq, out),
+        Start::Restore(r) => {
+            Serial::from_state(serial_irq, out, &r.serial).map_err(VmError::Serial)?
+        }
+    }));
     let mut pio = Bus::new();
     pio.insert(serial.clone(), COM1_PORT, UART_PORTS)
         .map_err(|e| VmError::Devices(e.to_string()))?;
@@ -219,7 +278,9 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     let pio = Arc::new(pio);
 
     let base_cpuid = cpuid::supported(&kvm)?;
+    let vcpu_gate = Arc::new(Gate::default());
     let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
+    let mut vcpu_requests = Vec::with_capacity(cfg.cpus as usize);
     for id in 0..cfg.cpus {
         let fd = vm
             .create_vcpu(u64::from(id))
@@ -227,10 +288,17 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
         fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, id, cfg.cpus, host))
             .map_err(kvm_err("set CPUID"))?;
         cpu::setup_msrs(&fd)?;
-        if id == 0 {
-            cpu::setup_boot_vcpu(&fd, &mem, info.entry)?;
+        if let (0, Some(entry)) = (id, entry) {
+            cpu::setup_boot_vcpu(&fd, &mem, entry)?;
         }
         cpu::setup_lapic(&fd)?;
+        if let Start::Restore(r) = &start {
+            if let Some(saved) = r.vcpus.get(usize::from(id)) {
+                vcpu_state::apply(&fd, saved).map_err(|err| VmError::VcpuState { id, err })?;
+            }
+        }
+        let (tx, requests) = std::sync::mpsc::channel();
+        vcpu_requests.push(tx);
         vcpus.push(Vcpu {
             fd,
             id,
@@ -238,34 +306,78 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
             mmio: mmio.clone(),
             mem: mem.clone(),
             exit: exit.clone(),
+            gate: vcpu_gate.clone(),
+            requests,
         });
     }
+    let vm = Arc::new(vm);
 
     let ended = Arc::new(AtomicBool::new(false));
-    em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
+    let mut main_em =
+        Subscribers::new().map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
+    main_em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
         fd: exit.as_raw_fd(),
         ended: ended.clone(),
     })));
+    let nets = Arc::new(nets);
+    let disks = Arc::new(disks);
     let metrics = cfg.metrics.as_deref();
     if let Some(path) = metrics {
-        write_metrics(path, &nets, &disks)?;
+        write_metrics(path, &metrics_json(&nets, &disks))?;
     }
+    // Bound before the guest starts, so a bad path is a start-up error.
+    let api = match &cfg.api_sock {
+        Some(path) => Some(ApiServer::bind(path, Box::new(NoControl))?),
+        None => None,
+    };
 
+    let device_gate = Arc::new(Gate::default());
+    let device_kick = EventFd::new(libc::EFD_NONBLOCK)?;
+    em.add_subscriber(Arc::new(Mutex::new(Kick(device_kick.try_clone()?))));
+    spawn_device_thread(em, device_gate.clone(), ended.clone())?;
+
+    pause::install_kick_handler().map_err(|e| VmError::Devices(e.to_string()))?;
     let raw = console::enter_raw_mode();
+    let serial_for_api = serial.clone();
     console::spawn_input(serial, exit.clone(), raw)?;
+    let mut vcpu_threads = Vec::with_capacity(vcpus.len());
     for v in vcpus {
-        v.spawn()?;
+        vcpu_threads.push(v.spawn()?);
     }
-    // The VMM thread: device events until the VM ends.
+    if let Some(mut api) = api {
+        let (nets, disks) = (nets.clone(), disks.clone());
+        let mut control = VmControl::new(
+            vm.clone(),
+            vcpu_gate,
+            vcpu_threads,
+            device_gate,
+            device_kick,
+            exit.clone(),
+            Box::new(move || metrics_json(&nets, &disks)),
+            cfg.mem_bytes,
+            cfg.cpus,
+        );
+        let serial = serial_for_api;
+        control.snapshot = Some(SnapshotParts {
+            mem: mem.clone(),
+            serial: Box::new(move || devices::bus::lock(&serial).state()),
+            vcpus: vcpu_requests,
+            msr_indices,
+            virtio_devices: cfg.nets.len() + cfg.disks.len(),
+        });
+        api.set_control(Box::new(control));
+        main_em.add_subscriber(Arc::new(Mutex::new(api)));
+    }
+    // The VMM thread: control requests and metrics until the VM ends.
     let mut last_metrics = Instant::now();
     while !ended.load(Ordering::SeqCst) {
-        if let Err(e) = em.run_with_timeout(METRICS_PERIOD.as_millis() as i32) {
+        if let Err(e) = main_em.run_with_timeout(METRICS_PERIOD.as_millis() as i32) {
             log::error!("event loop: {e:?}");
         }
         if let Some(path) = metrics {
             if last_metrics.elapsed() >= METRICS_PERIOD {
                 last_metrics = Instant::now();
-                if let Err(e) = write_metrics(path, &nets, &disks) {
+                if let Err(e) = write_metrics(path, &metrics_json(&nets, &disks)) {
                     log::warn!("{e}");
                 }
             }
@@ -274,7 +386,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     let why = exit.reason();
     console::restore_terminal();
     if let Some(path) = metrics {
-        if let Err(e) = write_metrics(path, &nets, &disks) {
+        if let Err(e) = write_metrics(path, &metrics_json(&nets, &disks)) {
             log::warn!("{e}");
         }
     }
@@ -413,20 +525,65 @@ fn add_disk(
     })
 }
 
-/// Writes the counters as JSON, atomically (temporary file, then rename).
-fn write_metrics(path: &Path, nets: &[NetReport], disks: &[DiskReport]) -> Result<(), VmError> {
-    let err = |e: String| VmError::Metrics {
-        path: path.display().to_string(),
-        err: e,
-    };
-    let list: Vec<serde_json::Value> = nets
-        .iter()
-        .map(|n| {
-            let mut c = n.counters.snapshot();
-            c.bad_register_accesses += n.bad_accesses.load(Ordering::Relaxed);
-            serde_json::json!({ "tap": n.tap, "counters": c })
-        })
-        .collect();
+/// Runs the device event loop on its own thread until the VM ends,
+/// parking at `gate` while the VM is paused.
+fn spawn_device_thread(
+    mut em: Subscribers,
+    gate: Arc<Gate>,
+    ended: Arc<AtomicBool>,
+) -> Result<(), VmError> {
+    std::thread::Builder::new()
+        .name("devices".into())
+        .spawn(move || {
+            while !ended.load(Ordering::SeqCst) {
+                gate.park_if_paused();
+                if let Err(e) = em.run_with_timeout(DEVICE_TICK_MS) {
+                    log::error!("device event loop: {e:?}");
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Drains the device thread's wake-up eventfd (used to reach the gate).
+struct Kick(EventFd);
+
+impl MutEventSubscriber for Kick {
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new(&self.0, EventSet::IN)) {
+            log::error!("cannot watch the device thread's kick: {e:?}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        let _ = self.0.read();
+    }
+}
+
+/// Stands in for the VM until it runs (the API is bound before that).
+struct NoControl;
+
+impl crate::api::Control for NoControl {
+    fn status(&mut self) -> serde_json::Value {
+        serde_json::json!({"state": "starting"})
+    }
+    fn pause(&mut self) -> Result<f64, String> {
+        Err("the VM is starting".into())
+    }
+    fn resume(&mut self) -> Result<(), String> {
+        Err("the VM is starting".into())
+    }
+    fn metrics(&mut self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+    fn shutdown(&mut self) {}
+    fn snapshot(&mut self, _: &Path) -> Result<serde_json::Value, String> {
+        Err("the VM is starting".into())
+    }
+}
+
+/// The device counters as JSON.
+fn metrics_json(nets: &[NetReport], disks: &[DiskReport]) -> serde_json::Value {
     let blk: Vec<serde_json::Value> = disks
         .iter()
         .map(|d| {
@@ -440,13 +597,29 @@ fn write_metrics(path: &Path, nets: &[NetReport], disks: &[DiskReport]) -> Resul
             })
         })
         .collect();
-    let doc = serde_json::json!({
+    let list: Vec<serde_json::Value> = nets
+        .iter()
+        .map(|n| {
+            let mut c = n.counters.snapshot();
+            c.bad_register_accesses += n.bad_accesses.load(Ordering::Relaxed);
+            serde_json::json!({ "tap": n.tap, "counters": c })
+        })
+        .collect();
+    serde_json::json!({
         "net": list,
         "blk": blk,
         "emulation": crate::emulation::counts(),
-    });
+    })
+}
+
+/// Writes the counters as JSON, atomically (temporary file, then rename).
+fn write_metrics(path: &Path, doc: &serde_json::Value) -> Result<(), VmError> {
+    let err = |e: String| VmError::Metrics {
+        path: path.display().to_string(),
+        err: e,
+    };
     let tmp = path.with_extension("tmp");
-    let text = serde_json::to_string_pretty(&doc).map_err(|e| err(e.to_string()))?;
+    let text = serde_json::to_string_pretty(doc).map_err(|e| err(e.to_string()))?;
     std::fs::write(&tmp, text + "\n").map_err(|e| err(e.to_string()))?;
     std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
 }

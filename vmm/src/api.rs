@@ -1,0 +1,404 @@
+//! The control API: a Unix socket (`tandem run --api-sock PATH`) that takes
+//! one JSON request per line and answers each with one JSON line.
+//!
+//! Requests (`cmd` selects the verb; unknown fields are refused):
+//! ```text
+//! {"cmd":"status"}                 -> {"ok":true,"state":"running"|"paused",...}
+//! {"cmd":"pause"}                  -> {"ok":true,"state":"paused","pause_ms":...}
+//! {"cmd":"resume"}                 -> {"ok":true,"state":"running"}
+//! {"cmd":"metrics"}                -> {"ok":true,"metrics":{...}}
+//! {"cmd":"shutdown"}               -> {"ok":true}, then the VMM exits (status 0)
+//! {"cmd":"snapshot","path":"F"}    -> {"ok":false,"error":"..."} (not yet)
+//! ```
+//! Any failure is `{"ok":false,"error":"..."}`; a malformed request, an
+//! oversized line or a client that goes away never affects the VM.
+//!
+//! Runs on the VMM thread as an event-manager subscriber; the work of each
+//! verb is done by a [`Control`] that the VM provides.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use serde_json::{json, Value};
+
+/// The longest request line taken.
+pub const MAX_REQUEST: usize = 64 << 10;
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_CLIENTS: usize = 16;
+const LISTENER: u32 = u32::MAX;
+
+/// API errors (setting up the socket; requests fail with JSON errors).
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("--api-sock {path}: {err}")]
+    Bind { path: PathBuf, err: std::io::Error },
+}
+
+/// One request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    Status,
+    Pause,
+    Resume,
+    Metrics,
+    Shutdown,
+    Snapshot { path: PathBuf },
+}
+
+/// What the VM does for each verb. Errors are messages for the client.
+pub trait Control {
+    /// State and facts about the VM (merged into the answer).
+    fn status(&mut self) -> Value;
+    /// Stops vCPUs and devices; returns how long it took, in ms.
+    fn pause(&mut self) -> Result<f64, String>;
+    fn resume(&mut self) -> Result<(), String>;
+    fn metrics(&mut self) -> Value;
+    /// Asks the VM to end; the answer is sent before it does.
+    fn shutdown(&mut self);
+    fn snapshot(&mut self, path: &Path) -> Result<Value, String>;
+}
+
+impl Request {
+    /// Parses one request: a JSON object with `cmd` and exactly the fields
+    /// that verb takes.
+    pub fn parse(line: &[u8]) -> Result<Request, String> {
+        let v: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+        let obj = v.as_object().ok_or("not a JSON object")?;
+        let cmd = obj
+            .get("cmd")
+            .and_then(Value::as_str)
+            .ok_or("no \"cmd\" string")?;
+        let (req, fields): (Request, &[&str]) = match cmd {
+            "status" => (Request::Status, &[]),
+            "pause" => (Request::Pause, &[]),
+            "resume" => (Request::Resume, &[]),
+            "metrics" => (Request::Metrics, &[]),
+            "shutdown" => (Request::Shutdown, &[]),
+            "snapshot" => {
+                let path = obj
+                    .get("path")
+                    .and_then(Value::as_str)
+                    .filter(|p| !p.is_empty())
+                    .ok_or("snapshot needs a \"path\" string")?;
+                (Request::Snapshot { path: path.into() }, &["path"])
+            }
+            other => return Err(format!("unknown cmd {other:?}")),
+        };
+        if let Some(k) = obj
+            .keys()
+            .find(|k| *k != "cmd" && !fields.contains(&k.as_str()))
+        {
+            return Err(format!("{cmd} takes no field {k:?}"));
+        }
+        Ok(req)
+    }
+}
+
+/// Parses one request line and runs it; always returns an answer.
+pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
+    let req = match Request::parse(line) {
+        Ok(r) => r,
+        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+    };
+    let merge = |mut v: Value| {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("ok".into(), Value::Bool(true));
+        }
+        v
+    };
+    match req {
+        Request::Status => merge(ctl.status()),
+        Request::Pause => match ctl.pause() {
+            Ok(ms) => json!({"ok": true, "state": "paused", "pause_ms": ms}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Request::Resume => match ctl.resume() {
+            Ok(()) => json!({"ok": true, "state": "running"}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Request::Metrics => json!({"ok": true, "metrics": ctl.metrics()}),
+        Request::Shutdown => {
+            ctl.shutdown();
+            json!({"ok": true})
+        }
+        Request::Snapshot { path } => match ctl.snapshot(&path) {
+            Ok(v) => merge(v),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+    }
+}
+
+struct Client {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+/// The API socket on the event loop.
+pub struct ApiServer {
+    listener: UnixListener,
+    path: PathBuf,
+    clients: HashMap<u32, Client>,
+    next_id: u32,
+    ctl: Box<dyn Control + Send>,
+}
+
+impl ApiServer {
+    /// Binds `path` (a stale socket file there is replaced; any other file
+    /// is an error).
+    pub fn bind(path: &Path, ctl: Box<dyn Control + Send>) -> Result<ApiServer, ApiError> {
+        let err = |err| ApiError::Bind {
+            path: path.to_path_buf(),
+            err,
+        };
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(err(std::io::Error::new(
+                    ErrorKind::AlreadyExists,
+                    "exists and is not a socket",
+                )));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(err(std::io::Error::new(
+                    ErrorKind::AddrInUse,
+                    "another VMM is listening there",
+                )));
+            }
+            std::fs::remove_file(path).map_err(err)?;
+        }
+        let listener = UnixListener::bind(path).map_err(err)?;
+        listener.set_nonblocking(true).map_err(err)?;
+        Ok(ApiServer {
+            listener,
+            path: path.to_path_buf(),
+            clients: HashMap::new(),
+            next_id: 0,
+            ctl,
+        })
+    }
+
+    /// Replaces what the verbs act on (the VM, once it runs).
+    pub fn set_control(&mut self, ctl: Box<dyn Control + Send>) {
+        self.ctl = ctl;
+    }
+
+    fn accept(&mut self, ops: &mut EventOps) {
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("api: accept: {e}");
+                    return;
+                }
+            };
+            if self.clients.len() >= MAX_CLIENTS {
+                let mut s = stream;
+                let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+                let _ = writeln!(s, "{}", json!({"ok": false, "error": "too many clients"}));
+                continue;
+            }
+            // Blocking, with a write timeout: reads happen only when epoll
+            // says there is data, and answers are small.
+            if stream.set_nonblocking(false).is_err()
+                || stream.set_write_timeout(Some(WRITE_TIMEOUT)).is_err()
+            {
+                continue;
+            }
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1) % LISTENER;
+            if let Err(e) = ops.add(Events::with_data(&stream, id, EventSet::IN)) {
+                log::warn!("api: cannot watch a client: {e:?}");
+                continue;
+            }
+            self.clients.insert(
+                id,
+                Client {
+                    stream,
+                    buf: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// Reads what a client sent and answers each complete line. Returns
+    /// false when the client is gone or must be dropped.
+    fn serve(&mut self, id: u32) -> bool {
+        let Some(client) = self.clients.get_mut(&id) else {
+            return false;
+        };
+        let mut chunk = [0u8; 4096];
+        let n = match client.stream.read(&mut chunk) {
+            Ok(0) => return false,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted || e.kind() == ErrorKind::WouldBlock => {
+                return true
+            }
+            Err(_) => return false,
+        };
+        client.buf.extend_from_slice(&chunk[..n]);
+        while let Some(end) = client.buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = client.buf.drain(..=end).collect();
+            let line = line.trim_ascii();
+            if line.is_empty() {
+                continue;
+            }
+            let answer = handle_line(line, self.ctl.as_mut());
+            if writeln!(client.stream, "{answer}").is_err() {
+                return false;
+            }
+        }
+        if client.buf.len() > MAX_REQUEST {
+            let answer =
+                json!({"ok": false, "error": format!("request longer than {MAX_REQUEST} bytes")});
+            let _ = writeln!(client.stream, "{answer}");
+            return false;
+        }
+        true
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl MutEventSubscriber for ApiServer {
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::with_data(&self.listener, LISTENER, EventSet::IN)) {
+            log::error!("api: cannot watch the socket: {e:?}");
+        }
+    }
+
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        let id = events.data();
+        if id == LISTENER {
+            self.accept(ops);
+            return;
+        }
+        if !self.serve(id) {
+            if let Some(c) = self.clients.remove(&id) {
+                let _ = ops.remove(Events::with_data_raw(
+                    c.stream.as_raw_fd(),
+                    id,
+                    EventSet::IN,
+                ));
+            }
+        }
+    }
+}
+
+/// The client side (`tandem ctl`): sends one request, returns the answer.
+pub fn request(path: &Path, req: &Value) -> Result<Value, String> {
+    let mut s = UnixStream::connect(path)
+        .map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
+    writeln!(s, "{req}").map_err(|e| format!("cannot send the request: {e}"))?;
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match s.read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => answer.push(byte[0]),
+            Err(e) => return Err(format!("no answer: {e}")),
+        }
+    }
+    serde_json::from_slice(&answer).map_err(|e| format!("unreadable answer: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Fake {
+        paused: bool,
+        shutdown: bool,
+    }
+
+    impl Control for Fake {
+        fn status(&mut self) -> Value {
+            json!({"state": if self.paused {"paused"} else {"running"}})
+        }
+        fn pause(&mut self) -> Result<f64, String> {
+            if self.paused {
+                return Err("already paused".into());
+            }
+            self.paused = true;
+            Ok(1.0)
+        }
+        fn resume(&mut self) -> Result<(), String> {
+            if !self.paused {
+                return Err("not paused".into());
+            }
+            self.paused = false;
+            Ok(())
+        }
+        fn metrics(&mut self) -> Value {
+            json!({"net": []})
+        }
+        fn shutdown(&mut self) {
+            self.shutdown = true;
+        }
+        fn snapshot(&mut self, _: &Path) -> Result<Value, String> {
+            Err("not supported".into())
+        }
+    }
+
+    #[test]
+    fn verbs() {
+        let mut f = Fake::default();
+        assert_eq!(
+            handle_line(br#"{"cmd":"status"}"#, &mut f)["state"],
+            "running"
+        );
+        assert_eq!(handle_line(br#"{"cmd":"pause"}"#, &mut f)["ok"], true);
+        assert_eq!(
+            handle_line(br#"{"cmd":"status"}"#, &mut f)["state"],
+            "paused"
+        );
+        let again = handle_line(br#"{"cmd":"pause"}"#, &mut f);
+        assert_eq!(again["ok"], false);
+        assert_eq!(again["error"], "already paused");
+        assert_eq!(handle_line(br#"{"cmd":"resume"}"#, &mut f)["ok"], true);
+        assert_eq!(
+            handle_line(br#"{"cmd":"metrics"}"#, &mut f)["metrics"]["net"],
+            json!([])
+        );
+        assert_eq!(
+            handle_line(br#"{"cmd":"snapshot","path":"/tmp/x"}"#, &mut f)["ok"],
+            false
+        );
+        assert_eq!(handle_line(br#"{"cmd":"shutdown"}"#, &mut f)["ok"], true);
+        assert!(f.shutdown);
+    }
+
+    #[test]
+    fn bad_requests_get_json_errors() {
+        let mut f = Fake::default();
+        for bad in [
+            &b"not json"[..],
+            b"{}",
+            b"[]",
+            b"{\"cmd\":\"reboot\"}",
+            b"{\"cmd\":\"status\",\"extra\":1}",
+            b"{\"cmd\":\"snapshot\"}",
+            b"{\"cmd\":7}",
+            b"{\"cmd\":\"snapshot\",\"path\":\"\"}",
+            b"{\"cmd\":\"snapshot\",\"path\":1}",
+            b"\xff\xfe",
+        ] {
+            let a = handle_line(bad, &mut f);
+            assert_eq!(a["ok"], false, "{}", String::from_utf8_lossy(bad));
+            assert!(a["error"].as_str().unwrap().starts_with("bad request"));
+        }
+        assert!(!f.paused && !f.shutdown);
+    }
+}

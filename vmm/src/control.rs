@@ -1,0 +1,253 @@
+//! What the control API does to a running VM: status, pause/resume (vCPUs,
+//! devices and the guest clock), metrics, snapshot, shutdown. Runs on the
+//! VMM thread.
+//!
+//! A snapshot pauses a running VM, asks each parked vCPU thread for its
+//! state (a request on its channel, then a wake-up on the gate: only the
+//! thread owns its `VcpuFd`), reads the VM-wide and serial state here,
+//! writes the file (see `snapshot.rs`) and resumes the VM if it was running.
+
+use std::path::Path;
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::kvm_clock_data;
+use kvm_ioctls::VmFd;
+use serde_json::{json, Value};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::api::Control;
+use crate::exit::{ExitSignal, VmExit};
+use crate::pause::{self, Gate};
+use crate::snapshot::{self, SaveReport, SaveState};
+use crate::vcpu::VcpuRequest;
+
+/// How long a parked vCPU may take to hand over its state.
+const VCPU_STATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads the serial UART's state.
+pub type SerialStateFn = Box<dyn Fn() -> vm_superio::serial::SerialState + Send>;
+
+/// What a snapshot needs beyond pause/resume.
+pub struct SnapshotParts {
+    pub mem: GuestMemoryMmap,
+    pub serial: SerialStateFn,
+    /// One request channel per vCPU, in vCPU order.
+    pub vcpus: Vec<Sender<VcpuRequest>>,
+    /// The MSRs saved for each vCPU (see `vcpu_state.rs`).
+    pub msr_indices: Arc<Vec<u32>>,
+    /// Virtio devices attached: a snapshot of them is not supported yet.
+    pub virtio_devices: usize,
+}
+
+/// Produces the device counters as JSON.
+pub type MetricsFn = Box<dyn Fn() -> Value + Send>;
+
+/// The VM as the control API sees it.
+pub struct VmControl {
+    pub vm: Arc<VmFd>,
+    pub vcpu_gate: Arc<Gate>,
+    pub vcpu_threads: Vec<JoinHandle<()>>,
+    pub device_gate: Arc<Gate>,
+    /// Wakes the device thread so that it reaches its gate.
+    pub device_kick: EventFd,
+    pub exit: Arc<ExitSignal>,
+    pub metrics: MetricsFn,
+    pub mem_bytes: u64,
+    pub cpus: u8,
+    pub started: Instant,
+    /// What a snapshot needs; without it snapshots are refused.
+    pub snapshot: Option<SnapshotParts>,
+    /// The guest clock when paused; set back on resume.
+    clock: Option<kvm_clock_data>,
+    paused_at: Option<Instant>,
+}
+
+impl VmControl {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        vm: Arc<VmFd>,
+        vcpu_gate: Arc<Gate>,
+        vcpu_threads: Vec<JoinHandle<()>>,
+        device_gate: Arc<Gate>,
+        device_kick: EventFd,
+        exit: Arc<ExitSignal>,
+        metrics: MetricsFn,
+        mem_bytes: u64,
+        cpus: u8,
+    ) -> Self {
+        VmControl {
+            vm,
+            vcpu_gate,
+            vcpu_threads,
+            device_gate,
+            device_kick,
+            exit,
+            metrics,
+            mem_bytes,
+            cpus,
+            started: Instant::now(),
+            snapshot: None,
+            clock: None,
+            paused_at: None,
+        }
+    }
+
+    fn paused(&self) -> bool {
+        self.paused_at.is_some()
+    }
+
+    /// Saves the paused VM to `path`.
+    fn save(&self, parts: &SnapshotParts, path: &Path) -> Result<SaveReport, String> {
+        let clock = match self.clock {
+            Some(c) => c,
+            None => self
+                .vm
+                .get_clock()
+                .map_err(|e| format!("cannot read the guest clock: {e}"))?,
+        };
+        let vm = snapshot::read_vm_state(&self.vm, clock).map_err(|e| e.to_string())?;
+        let mut replies = Vec::with_capacity(parts.vcpus.len());
+        for (id, tx) in parts.vcpus.iter().enumerate() {
+            let (reply, rx) = mpsc::channel();
+            tx.send(VcpuRequest::Save {
+                msr_indices: parts.msr_indices.clone(),
+                reply,
+            })
+            .map_err(|_| format!("vCPU {id} has stopped"))?;
+            replies.push(rx);
+        }
+        self.vcpu_gate.wake();
+        let mut vcpus = Vec::with_capacity(replies.len());
+        for (id, rx) in replies.into_iter().enumerate() {
+            let state = rx
+                .recv_timeout(VCPU_STATE_TIMEOUT)
+                .map_err(|_| format!("vCPU {id} did not hand over its state"))??;
+            vcpus.push(state);
+        }
+        let state = SaveState {
+            manifest: snapshot::manifest(self.mem_bytes, u32::from(self.cpus)),
+            vm,
+            vcpus,
+            serial: (parts.serial)(),
+        };
+        snapshot::save(path, &state, &parts.mem).map_err(|e| e.to_string())
+    }
+}
+
+impl Control for VmControl {
+    fn status(&mut self) -> Value {
+        json!({
+            "state": if self.paused() { "paused" } else { "running" },
+            "vcpus": self.cpus,
+            "mem_mib": self.mem_bytes >> 20,
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "paused_s": self.paused_at.map(|t| t.elapsed().as_secs_f64()),
+        })
+    }
+
+    fn pause(&mut self) -> Result<f64, String> {
+        if self.paused() {
+            return Err("the VM is already paused".into());
+        }
+        let start = Instant::now();
+        let threads = &self.vcpu_threads;
+        self.vcpu_gate
+            .pause(threads.len(), || pause::kick_all(threads))
+            .map_err(|e| format!("cannot pause the vCPUs: {e}"))?;
+        let kick = &self.device_kick;
+        if let Err(e) = self.device_gate.pause(1, || {
+            let _ = kick.write(1);
+        }) {
+            self.vcpu_gate.resume();
+            return Err(format!("cannot pause the devices: {e}"));
+        }
+        // With every vCPU stopped, the guest clock is read once and set back
+        // on resume, so the guest does not see the time it spent paused.
+        match self.vm.get_clock() {
+            Ok(c) => self.clock = Some(c),
+            Err(e) => log::warn!("pause: cannot read the guest clock: {e}"),
+        }
+        self.paused_at = Some(Instant::now());
+        Ok(start.elapsed().as_secs_f64() * 1000.0)
+    }
+
+    fn resume(&mut self) -> Result<(), String> {
+        if !self.paused() {
+            return Err("the VM is not paused".into());
+        }
+        if let Some(saved) = self.clock.take() {
+            let c = kvm_clock_data {
+                clock: saved.clock,
+                ..Default::default()
+            };
+            if let Err(e) = self.vm.set_clock(&c) {
+                log::warn!("resume: cannot set the guest clock: {e}");
+            }
+        }
+        self.device_gate.resume();
+        self.vcpu_gate.resume();
+        self.paused_at = None;
+        Ok(())
+    }
+
+    fn metrics(&mut self) -> Value {
+        (self.metrics)()
+    }
+
+    fn shutdown(&mut self) {
+        if self.paused() {
+            let _ = self.resume();
+        }
+        self.exit.signal(VmExit::Shutdown);
+    }
+
+    fn snapshot(&mut self, path: &Path) -> Result<Value, String> {
+        let Some(parts) = self.snapshot.take() else {
+            return Err("snapshots are not available for this VM".into());
+        };
+        let result = self.snapshot_with(&parts, path);
+        self.snapshot = Some(parts);
+        result
+    }
+}
+
+impl VmControl {
+    fn snapshot_with(&mut self, parts: &SnapshotParts, path: &Path) -> Result<Value, String> {
+        if parts.virtio_devices > 0 {
+            return Err(format!(
+                "snapshot of virtio devices is not supported yet (this VM has {})",
+                parts.virtio_devices
+            ));
+        }
+        let start = Instant::now();
+        let was_running = !self.paused();
+        if was_running {
+            self.pause()?;
+        }
+        let saved = self.save(parts, path);
+        if was_running {
+            if let Err(e) = self.resume() {
+                log::error!("snapshot: cannot resume the VM: {e}");
+            }
+        }
+        let report = saved?;
+        let ms = start.elapsed().as_secs_f64() * 1000.0;
+        log::info!(
+            "snapshot {}: {} bytes ({} of memory) in {ms:.0} ms",
+            path.display(),
+            report.file_bytes,
+            report.memory_bytes
+        );
+        Ok(json!({
+            "path": path,
+            "file_bytes": report.file_bytes,
+            "memory_bytes": report.memory_bytes,
+            "ms": ms,
+            "state": if was_running { "running" } else { "paused" },
+        }))
+    }
+}

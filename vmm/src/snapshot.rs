@@ -1,0 +1,432 @@
+//! Snapshot files of a whole VM (console-only guests for now): what is
+//! saved and in which order, and every check a restore makes before it
+//! creates anything.
+//!
+//! Save (VMM thread, VM paused; vCPU states come from the parked vCPU
+//! threads, see `vcpu.rs`): manifest, `vm` (PIC master/slave, IOAPIC,
+//! PIT2, the guest clock as it was at the pause), `vcpu.N`, `dev.com1`
+//! (the serial UART), then guest memory without its zero pages. The file
+//! is written to `F.tmp`, fsynced and renamed to `F`, so `F` is never a
+//! half-written file.
+//!
+//! Restore: [`load`] verifies the whole file (CRC, structure), checks the
+//! manifest against what is asked for, converts every state section and
+//! validates the memory image against the VM's layout, all before a VM
+//! exists; `vm.rs` then builds the VM from the [`Restore`] it returns.
+//! Virtio devices are not saved yet: a VM with any refuses to snapshot.
+
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::path::{Path, PathBuf};
+
+use kvm_bindings::{
+    kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+};
+use kvm_ioctls::VmFd;
+use migration::devices::{DeviceState, SerialState};
+use migration::kvm::{KvmStateError, KvmVcpuState, KvmVmState};
+use migration::memory::ImageStats;
+use migration::vcpu::VcpuState;
+use migration::vm::VmState;
+use migration::{
+    check_compatible, section, CompatError, DeviceConfig, FormatError, Manifest, MemoryError,
+    SnapshotReader, SnapshotWriter,
+};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
+
+use crate::boot::layout;
+use crate::config;
+
+/// The id of the serial console in the manifest and its section.
+pub const SERIAL_ID: &str = "com1";
+/// The UART's receive FIFO (vm-superio refuses a longer saved buffer).
+const UART_FIFO: usize = 64;
+
+/// Snapshot errors: each is one line for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("cannot open snapshot {path}: {err}")]
+    Open { path: String, err: io::Error },
+    #[error("snapshot {path}: {err}")]
+    Format { path: String, err: FormatError },
+    #[error("snapshot {path}: {err}")]
+    Memory { path: String, err: MemoryError },
+    #[error("snapshot {path}: section {section}: {err}")]
+    State {
+        path: String,
+        section: String,
+        err: KvmStateError,
+    },
+    #[error("snapshot {path}: {msg}")]
+    Invalid { path: String, msg: String },
+    #[error("snapshot {path}: {err}")]
+    Mismatch { path: String, err: CompatError },
+    #[error("cannot write snapshot {path}: {err}")]
+    Write { path: String, err: String },
+    #[error("KVM: cannot {what}: {err}")]
+    Kvm {
+        what: &'static str,
+        err: kvm_ioctls::Error,
+    },
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> SnapshotError {
+    move |err| SnapshotError::Kvm { what, err }
+}
+
+/// The manifest of a console-only VM.
+pub fn manifest(mem_bytes: u64, cpus: u32) -> Manifest {
+    Manifest {
+        tandem_version: env!("CARGO_PKG_VERSION").to_string(),
+        mem_bytes,
+        vcpus: cpus,
+        devices: vec![DeviceConfig::Serial {
+            id: SERIAL_ID.to_string(),
+        }],
+    }
+}
+
+/// Reads the VM-wide state; `clock` is the guest clock to record.
+pub fn read_vm_state(vm: &VmFd, clock: kvm_clock_data) -> Result<KvmVmState, SnapshotError> {
+    let chip = |id: u32| -> Result<kvm_irqchip, SnapshotError> {
+        let mut c = kvm_irqchip {
+            chip_id: id,
+            ..Default::default()
+        };
+        vm.get_irqchip(&mut c).map_err(kvm("read an irqchip"))?;
+        Ok(c)
+    };
+    Ok(KvmVmState {
+        pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
+        pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
+        ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
+        pit: vm.get_pit2().map_err(kvm("read the PIT"))?,
+        clock,
+    })
+}
+
+/// Everything a save writes besides guest memory.
+pub struct SaveState {
+    pub manifest: Manifest,
+    pub vm: KvmVmState,
+    pub vcpus: Vec<KvmVcpuState>,
+    pub serial: vm_superio::serial::SerialState,
+}
+
+/// What a save wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct SaveReport {
+    /// Size of the file.
+    pub file_bytes: u64,
+    /// Guest memory bytes stored (non-zero pages).
+    pub memory_bytes: u64,
+}
+
+/// `F.tmp` next to `F`.
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+/// The guest's RAM regions as `(gpa, bytes)`.
+///
+/// # Safety
+/// No one may write guest memory while the slices live: every vCPU and the
+/// device thread must be parked.
+unsafe fn guest_regions(mem: &GuestMemoryMmap) -> Result<Vec<(u64, &[u8])>, String> {
+    let mut out = Vec::new();
+    for region in mem.iter() {
+        let host = mem
+            .get_host_address(region.start_addr())
+            .map_err(|e| e.to_string())?;
+        let len = usize::try_from(region.len()).map_err(|e| e.to_string())?;
+        // SAFETY: `host` .. `host + len` is the region's live mapping, owned
+        // by `mem`, which the returned slices borrow; the caller guarantees
+        // nothing writes it meanwhile.
+        let bytes = unsafe { std::slice::from_raw_parts(host as *const u8, len) };
+        out.push((region.start_addr().raw_value(), bytes));
+    }
+    Ok(out)
+}
+
+/// Writes a snapshot of a paused VM to `path` (via `path.tmp`, fsync, rename).
+pub fn save(
+    path: &Path,
+    state: &SaveState,
+    mem: &GuestMemoryMmap,
+) -> Result<SaveReport, SnapshotError> {
+    let shown = path.display().to_string();
+    let werr = |err: String| SnapshotError::Write {
+        path: shown.clone(),
+        err,
+    };
+    let tmp = tmp_path(path);
+    let result = (|| -> Result<ImageStats, String> {
+        let file = File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let mut w = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, file))
+            .map_err(|e| e.to_string())?;
+        w.write_state(section::MANIFEST, &state.manifest)
+            .map_err(|e| e.to_string())?;
+        w.write_state(section::VM, &VmState::from_kvm(&state.vm))
+            .map_err(|e| e.to_string())?;
+        for (i, v) in state.vcpus.iter().enumerate() {
+            let id = i as u32;
+            w.write_state(&section::vcpu(id), &VcpuState::from_kvm(id, v))
+                .map_err(|e| e.to_string())?;
+        }
+        let serial = DeviceState::Serial(SerialState::from(&state.serial));
+        w.write_state(&section::device(SERIAL_ID), &serial)
+            .map_err(|e| e.to_string())?;
+        // SAFETY: the caller has paused the VM (vCPUs and device thread).
+        let regions = unsafe { guest_regions(mem) }?;
+        let stats =
+            migration::write_memory(&mut w, section::MEMORY, regions).map_err(|e| e.to_string())?;
+        let out = w.finish().map_err(|e| e.to_string())?;
+        let file = out.into_inner().map_err(|e| e.error().to_string())?;
+        file.sync_all().map_err(|e| e.to_string())?;
+        Ok(stats)
+    })();
+    let stats = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(werr(e));
+        }
+    };
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(werr(e.to_string()));
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    Ok(SaveReport {
+        file_bytes,
+        memory_bytes: stats.pages * migration::memory::PAGE_SIZE,
+    })
+}
+
+/// A verified snapshot, converted and ready to apply to a new VM.
+pub struct Restore {
+    pub manifest: Manifest,
+    pub vm: KvmVmState,
+    pub vcpus: Vec<KvmVcpuState>,
+    pub serial: vm_superio::serial::SerialState,
+    reader: SnapshotReader<File>,
+    path: String,
+}
+
+/// Opens and verifies `path` completely and checks it against the memory
+/// size and vCPU count asked for (`None`: the snapshot's). Creates nothing.
+pub fn load(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> Result<Restore, SnapshotError> {
+    let shown = path.display().to_string();
+    let file = File::open(path).map_err(|err| SnapshotError::Open {
+        path: shown.clone(),
+        err,
+    })?;
+    let format = |err: FormatError| SnapshotError::Format {
+        path: shown.clone(),
+        err,
+    };
+    let invalid = |msg: String| SnapshotError::Invalid {
+        path: shown.clone(),
+        msg,
+    };
+    let mut reader = SnapshotReader::open(file).map_err(format)?;
+    let saved: Manifest = reader.read_state(section::MANIFEST).map_err(format)?;
+    let requested = manifest(
+        mem.unwrap_or(saved.mem_bytes),
+        cpus.map_or(saved.vcpus, u32::from),
+    );
+    let notes = check_compatible(&saved, &requested).map_err(|err| SnapshotError::Mismatch {
+        path: shown.clone(),
+        err,
+    })?;
+    for n in notes {
+        log::info!("restore: {n}");
+    }
+    // The manifest came from a file: the VM it describes must be one that
+    // `tandem run` could have started.
+    let max = u32::from(config::max_cpus());
+    if saved.vcpus == 0 || saved.vcpus > max {
+        return Err(invalid(format!(
+            "{} vCPUs (this host allows 1 to {max})",
+            saved.vcpus
+        )));
+    }
+    config::check_mem_fits(saved.mem_bytes, &format!("{}M", saved.mem_bytes >> 20))
+        .map_err(|e| invalid(e.to_string()))?;
+    if saved.mem_bytes < 16 << 20 || !saved.mem_bytes.is_multiple_of(migration::memory::PAGE_SIZE) {
+        return Err(invalid(format!("memory size {} bytes", saved.mem_bytes)));
+    }
+
+    let state_err = |section: String| {
+        let shown = shown.clone();
+        move |err: KvmStateError| SnapshotError::State {
+            path: shown,
+            section,
+            err,
+        }
+    };
+    let vm_state: VmState = reader.read_state(section::VM).map_err(format)?;
+    let vm = vm_state.to_kvm().map_err(state_err(section::VM.into()))?;
+    let mut vcpus = Vec::with_capacity(saved.vcpus as usize);
+    for id in 0..saved.vcpus {
+        let name = section::vcpu(id);
+        let v: VcpuState = reader.read_state(&name).map_err(format)?;
+        if v.id != id {
+            return Err(invalid(format!("section {name} holds vCPU {}", v.id)));
+        }
+        vcpus.push(v.to_kvm().map_err(state_err(name))?);
+    }
+    let dev = section::device(SERIAL_ID);
+    let serial = match reader.read_state::<DeviceState>(&dev).map_err(format)? {
+        DeviceState::Serial(s) if s.in_buffer.len() <= UART_FIFO => {
+            vm_superio::serial::SerialState::from(&s)
+        }
+        DeviceState::Serial(s) => {
+            return Err(invalid(format!(
+                "section {dev}: {} bytes in a {UART_FIFO}-byte FIFO",
+                s.in_buffer.len()
+            )))
+        }
+        _ => return Err(invalid(format!("section {dev} is not a serial port"))),
+    };
+    migration::validate_memory(
+        &mut reader,
+        section::MEMORY,
+        &layout::ram_ranges(saved.mem_bytes),
+    )
+    .map_err(|err| SnapshotError::Memory {
+        path: shown.clone(),
+        err,
+    })?;
+    Ok(Restore {
+        manifest: saved,
+        vm,
+        vcpus,
+        serial,
+        reader,
+        path: shown,
+    })
+}
+
+impl Restore {
+    /// Copies the stored pages into fresh (zeroed) guest memory.
+    pub fn fill_memory(&mut self, mem: &GuestMemoryMmap) -> Result<ImageStats, SnapshotError> {
+        let layout = layout::ram_ranges(self.manifest.mem_bytes);
+        migration::read_memory(&mut self.reader, section::MEMORY, &layout, |gpa, bytes| {
+            mem.write_slice(bytes, GuestAddress(gpa))
+        })
+        .map_err(|err| SnapshotError::Memory {
+            path: self.path.clone(),
+            err,
+        })
+    }
+
+    /// Sets the VM-wide state, in the order `migration::kvm` gives.
+    pub fn apply_vm_state(&self, vm: &VmFd) -> Result<(), SnapshotError> {
+        vm.set_pit2(&self.vm.pit).map_err(kvm("set the PIT"))?;
+        let clock = kvm_clock_data {
+            clock: self.vm.clock.clock,
+            ..Default::default()
+        };
+        vm.set_clock(&clock).map_err(kvm("set the guest clock"))?;
+        for chip in [&self.vm.pic_master, &self.vm.pic_slave, &self.vm.ioapic] {
+            vm.set_irqchip(chip).map_err(kvm("set an irqchip"))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file with a manifest and whatever `more` writes after it.
+    fn file_with(
+        name: &str,
+        m: &Manifest,
+        more: impl FnOnce(&mut SnapshotWriter<BufWriter<File>>),
+    ) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "tandem-snapshot-unit-{}-{name}",
+            std::process::id()
+        ));
+        let mut w = SnapshotWriter::new(BufWriter::new(File::create(&path).unwrap())).unwrap();
+        w.write_state(section::MANIFEST, m).unwrap();
+        more(&mut w);
+        w.finish().unwrap();
+        path
+    }
+
+    fn load_err(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> String {
+        let e = load(path, mem, cpus).err().expect("refused");
+        let _ = std::fs::remove_file(path);
+        e.to_string()
+    }
+
+    #[test]
+    fn tmp_file_sits_next_to_the_target() {
+        assert_eq!(
+            tmp_path(Path::new("/a/b/vm.snap")),
+            Path::new("/a/b/vm.snap.tmp")
+        );
+    }
+
+    #[test]
+    fn a_mismatch_is_refused_with_the_manifest_message() {
+        let p = file_with("mismatch", &manifest(128 << 20, 1), |_| {});
+        let e = load_err(&p, Some(256 << 20), None);
+        assert!(
+            e.contains("snapshot has 128 MiB of memory, this VM asks for 256 MiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_forged_vcpu_count_is_refused() {
+        let p = file_with("cpus", &manifest(128 << 20, 200), |_| {});
+        let e = load_err(&p, None, None);
+        assert!(e.contains("200 vCPUs"), "{e}");
+    }
+
+    #[test]
+    fn a_foreign_device_is_refused() {
+        let mut m = manifest(128 << 20, 1);
+        m.devices.push(DeviceConfig::Net {
+            id: "net0".into(),
+            tap: "tap0".into(),
+            mac: [2, 0, 0, 0, 0, 1],
+            slot: migration::manifest::MmioSlot {
+                base: 0xd000_0000,
+                irq: 5,
+            },
+        });
+        let p = file_with("net", &m, |_| {});
+        let e = load_err(&p, None, None);
+        assert!(e.contains("NIC net0"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_vm_section_is_refused_before_anything_is_built() {
+        let p = file_with("vm", &manifest(128 << 20, 1), |w| {
+            w.write_state(section::VM, &VmState::default()).unwrap();
+        });
+        let e = load_err(&p, None, None);
+        assert!(e.contains("section vm: PIC master state is 0 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_section_is_refused() {
+        let p = file_with("missing", &manifest(128 << 20, 1), |_| {});
+        let e = load_err(&p, None, None);
+        assert!(e.contains("no section \"vm\""), "{e}");
+    }
+}

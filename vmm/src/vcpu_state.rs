@@ -1,0 +1,201 @@
+//! Reading and writing one vCPU's whole state through its `VcpuFd`.
+//!
+//! Capture runs on the vCPU's own thread while it is parked at the pause
+//! gate (see `vcpu.rs`): the thread owns its `VcpuFd`, and a parked thread
+//! is outside `KVM_RUN`, so its state is stable. Before reading, a pending
+//! PIO/MMIO completion is finished with one `KVM_RUN` under
+//! `immediate_exit` (KVM completes a userspace exit only on the next
+//! `KVM_RUN`; without this an `IN` the vCPU just served would be lost).
+//! Apply runs on the VMM thread before the vCPU thread starts.
+//!
+//! # MSRs saved
+//! Every MSR in `KVM_GET_MSR_INDEX_LIST` (KVM's `msrs_to_save` and
+//! `emulated_msrs`: the ones KVM itself declares it can save and restore,
+//! kvmclock and TSC included) that this vCPU can read: `KVM_GET_MSRS`
+//! stops at the first MSR it cannot read, which is dropped and the rest
+//! read again. The same list is written back on restore, after the LAPIC
+//! (TSC deadline depends on it); an MSR KVM refuses to write is an error.
+
+use kvm_bindings::{kvm_msr_entry, Msrs};
+use kvm_ioctls::{Kvm, VcpuFd};
+use migration::kvm::{KvmStateError, KvmVcpuState};
+
+/// vCPU state errors.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuStateError {
+    #[error("KVM: cannot {what}: {err}")]
+    Kvm {
+        what: &'static str,
+        err: kvm_ioctls::Error,
+    },
+    #[error("the saved state does not fit KVM: {0}")]
+    State(#[from] KvmStateError),
+    #[error("KVM took only {set} of {total} MSRs; it refused MSR {index:#x}")]
+    MsrRefused {
+        set: usize,
+        total: usize,
+        index: u32,
+    },
+    #[error("this host's xsave area is {0} bytes; tandem saves 4096")]
+    XsaveSize(i32),
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError {
+    move |err| VcpuStateError::Kvm { what, err }
+}
+
+/// The MSR indices KVM declares it can save (see the module doc).
+pub fn msr_index_list(kvm_fd: &Kvm) -> Result<Vec<u32>, VcpuStateError> {
+    let list = kvm_fd
+        .get_msr_index_list()
+        .map_err(kvm("list the MSRs to save"))?;
+    Ok(list.as_slice().to_vec())
+}
+
+/// Whether the xsave area fits the 4096-byte `kvm_xsave` (no dynamic
+/// features such as AMX were enabled for this process).
+pub fn check_xsave_size(kvm_fd: &Kvm) -> Result<(), VcpuStateError> {
+    let size = kvm_fd.check_extension_int(kvm_ioctls::Cap::Xsave2);
+    if size > 4096 {
+        return Err(VcpuStateError::XsaveSize(size));
+    }
+    Ok(())
+}
+
+fn read_msrs(fd: &VcpuFd, indices: &[u32]) -> Result<Vec<kvm_msr_entry>, VcpuStateError> {
+    let mut wanted: Vec<u32> = indices.to_vec();
+    let mut got = Vec::with_capacity(wanted.len());
+    while !wanted.is_empty() {
+        let entries: Vec<kvm_msr_entry> = wanted
+            .iter()
+            .map(|&index| kvm_msr_entry {
+                index,
+                ..Default::default()
+            })
+            .collect();
+        let mut msrs = Msrs::from_entries(&entries).map_err(|_| VcpuStateError::MsrRefused {
+            set: 0,
+            total: entries.len(),
+            index: 0,
+        })?;
+        let n = fd.get_msrs(&mut msrs).map_err(kvm("read MSRs"))?;
+        got.extend_from_slice(&msrs.as_slice()[..n.min(wanted.len())]);
+        if n >= wanted.len() {
+            break;
+        }
+        log::debug!("MSR {:#x} is not readable here: not saved", wanted[n]);
+        wanted.drain(..=n);
+    }
+    Ok(got)
+}
+
+/// Finishes a pending PIO/MMIO completion: one `KVM_RUN` that returns
+/// before entering the guest. Call on the vCPU's thread, parked.
+pub fn complete_pending_exit(fd: &mut VcpuFd) {
+    fd.set_kvm_immediate_exit(1);
+    match fd.run() {
+        Err(e) if e.errno() == libc::EINTR => {}
+        Err(e) => log::warn!("completing the last exit before a save: {e}"),
+        Ok(exit) => log::warn!("completing the last exit before a save: new exit {exit:?}"),
+    }
+    fd.set_kvm_immediate_exit(0);
+}
+
+/// Reads the whole state of a vCPU that is outside `KVM_RUN`.
+pub fn capture(fd: &VcpuFd, msr_indices: &[u32]) -> Result<KvmVcpuState, VcpuStateError> {
+    Ok(KvmVcpuState {
+        mp_state: fd.get_mp_state().map_err(kvm("read mp_state"))?,
+        regs: fd.get_regs().map_err(kvm("read registers"))?,
+        sregs: fd.get_sregs().map_err(kvm("read special registers"))?,
+        fpu: fd.get_fpu().map_err(kvm("read the FPU"))?,
+        xsave: fd.get_xsave().map_err(kvm("read xsave"))?,
+        xcrs: fd.get_xcrs().map_err(kvm("read XCRs"))?,
+        debugregs: fd.get_debug_regs().map_err(kvm("read debug registers"))?,
+        lapic: fd.get_lapic().map_err(kvm("read the LAPIC"))?,
+        msrs: read_msrs(fd, msr_indices)?,
+        events: fd.get_vcpu_events().map_err(kvm("read vCPU events"))?,
+    })
+}
+
+/// Writes a saved state into a vCPU that has its CPUID set and has not run,
+/// in the order KVM needs (see `migration::kvm`).
+pub fn apply(fd: &VcpuFd, s: &KvmVcpuState) -> Result<(), VcpuStateError> {
+    fd.set_mp_state(s.mp_state).map_err(kvm("set mp_state"))?;
+    fd.set_regs(&s.regs).map_err(kvm("set registers"))?;
+    fd.set_sregs(&s.sregs)
+        .map_err(kvm("set special registers"))?;
+    fd.set_fpu(&s.fpu).map_err(kvm("set the FPU"))?;
+    // SAFETY: KVM_SET_XSAVE copies the vCPU's xsave UABI size from the
+    // buffer; `check_xsave_size` (called before any restore) made sure that
+    // size is at most 4096, the size of `kvm_xsave`, so KVM reads only
+    // memory that belongs to `s.xsave`.
+    unsafe { fd.set_xsave(&s.xsave) }.map_err(kvm("set xsave"))?;
+    fd.set_xcrs(&s.xcrs).map_err(kvm("set XCRs"))?;
+    fd.set_debug_regs(&s.debugregs)
+        .map_err(kvm("set debug registers"))?;
+    fd.set_lapic(&s.lapic).map_err(kvm("set the LAPIC"))?;
+    let total = s.msrs.len();
+    let msrs = Msrs::from_entries(&s.msrs).map_err(|_| VcpuStateError::MsrRefused {
+        set: 0,
+        total,
+        index: 0,
+    })?;
+    let set = fd.set_msrs(&msrs).map_err(kvm("set MSRs"))?;
+    if set < total {
+        return Err(VcpuStateError::MsrRefused {
+            set,
+            total,
+            index: s.msrs[set].index,
+        });
+    }
+    fd.set_vcpu_events(&s.events)
+        .map_err(kvm("set vCPU events"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpuid;
+    use crate::host::HostKind;
+
+    /// Capture from one fresh vCPU and apply to another: every saved MSR
+    /// must be writable, and the state must read back the same. Needs
+    /// /dev/kvm (creates vCPUs, runs no guest code).
+    #[test]
+    fn capture_then_apply_on_a_fresh_vcpu() {
+        let kvm = Kvm::new().expect("/dev/kvm");
+        check_xsave_size(&kvm).expect("xsave size");
+        let indices = msr_index_list(&kvm).unwrap();
+        let vm = kvm.create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let base = cpuid::supported(&kvm).unwrap();
+        let table = cpuid::for_vcpu(&base, 0, 1, HostKind::detect());
+        let a = vm.create_vcpu(0).unwrap();
+        a.set_cpuid2(&table).unwrap();
+        crate::boot::cpu::setup_msrs(&a).unwrap();
+        crate::boot::cpu::setup_lapic(&a).unwrap();
+        let mut regs = a.get_regs().unwrap();
+        regs.rax = 0x1234_5678;
+        a.set_regs(&regs).unwrap();
+        let saved = capture(&a, &indices).unwrap();
+        assert!(!saved.msrs.is_empty());
+        eprintln!(
+            "{} of {} listed MSRs saved",
+            saved.msrs.len(),
+            indices.len()
+        );
+        drop(a);
+
+        let vm2 = kvm.create_vm().unwrap();
+        vm2.create_irq_chip().unwrap();
+        let b = vm2.create_vcpu(0).unwrap();
+        b.set_cpuid2(&table).unwrap();
+        apply(&b, &saved).unwrap();
+        let again = capture(&b, &indices).unwrap();
+        assert_eq!(again.regs.rax, 0x1234_5678);
+        assert_eq!(again.sregs.cr0, saved.sregs.cr0);
+        let indices_of = |m: &[kvm_msr_entry]| m.iter().map(|e| e.index).collect::<Vec<_>>();
+        assert_eq!(indices_of(&again.msrs), indices_of(&saved.msrs));
+    }
+}
