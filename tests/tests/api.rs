@@ -71,12 +71,6 @@ fn control_api_pause_resume_metrics_shutdown() {
         CMD,
     );
 
-    let cs = vm.ok(
-        "cat /sys/devices/system/clocksource/clocksource0/current_clocksource",
-        CMD,
-    );
-    eprintln!("guest clocksource: {cs}");
-
     // Pause: the console stops answering, the clock stops for the guest.
     let up1 = guest_uptime(&mut vm);
     let wall1 = Instant::now();

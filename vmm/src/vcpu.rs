@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use devices::Bus;
-use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::GuestMemoryMmap;
 
@@ -15,7 +14,6 @@ use crate::pause::Gate;
 
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;
-const MSR_IA32_TSC: u32 = 0x10;
 
 /// A configured vCPU, ready to run on its own thread.
 pub struct Vcpu {
@@ -40,52 +38,11 @@ impl Vcpu {
             })
     }
 
-    /// Parks at the gate with the guest's TSC held: it is read before and
-    /// written back after, so a guest that keeps time with the TSC (Linux
-    /// prefers it to kvmclock when the TSC is invariant) does not see the
-    /// pause, just as kvmclock users do not (the clock is set back on resume).
-    fn park(&mut self) {
-        let tsc = self.read_tsc();
-        self.gate.park_if_paused();
-        if let Some(value) = tsc {
-            let entry = kvm_msr_entry {
-                index: MSR_IA32_TSC,
-                data: value,
-                ..Default::default()
-            };
-            match Msrs::from_entries(&[entry]) {
-                Ok(msrs) => {
-                    if !matches!(self.fd.set_msrs(&msrs), Ok(1)) {
-                        log::warn!("vcpu{}: cannot set the TSC back after a pause", self.id);
-                    }
-                }
-                Err(e) => log::warn!("vcpu{}: {e:?}", self.id),
-            }
-        }
-    }
-
-    fn read_tsc(&self) -> Option<u64> {
-        let entry = kvm_msr_entry {
-            index: MSR_IA32_TSC,
-            ..Default::default()
-        };
-        let mut msrs = Msrs::from_entries(&[entry]).ok()?;
-        match self.fd.get_msrs(&mut msrs) {
-            Ok(1) => msrs.as_slice().first().map(|e| e.data),
-            _ => {
-                log::warn!("vcpu{}: cannot read the TSC before a pause", self.id);
-                None
-            }
-        }
-    }
-
     fn run(mut self) -> VmExit {
         loop {
             // A clean point: the last exit is fully handled. A pause kicks
             // KVM_RUN with a signal (EINTR) and the vCPU parks here.
-            if self.gate.pause_requested() {
-                self.park();
-            }
+            self.gate.park_if_paused();
             match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => {
                     if !self.pio.read(u64::from(port), data) {
