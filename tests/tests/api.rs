@@ -56,7 +56,14 @@ fn guest_uptime(vm: &mut TestVm) -> f64 {
 #[test]
 fn control_api_pause_resume_metrics_shutdown() {
     let sock = std::env::temp_dir().join(format!("tandem-api-{}.sock", std::process::id()));
-    let mut vm = TestVm::start(&["--api-sock", sock.to_str().unwrap()]);
+    // kvm-clock, not the TSC: the guest's kvmclock is what tandem holds
+    // across a pause (the TSC of this host's guests runs on).
+    let mut vm = TestVm::start(&[
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--cmdline",
+        "console=ttyS0 reboot=k panic=1 clocksource=kvm-clock",
+    ]);
     vm.wait_ready();
 
     let (code, st) = ctl(&sock, &["status"]);
