@@ -78,6 +78,12 @@ fn control_api_pause_resume_metrics_shutdown() {
         CMD,
     );
 
+    let cs = vm.ok(
+        "cat /sys/devices/system/clocksource/clocksource0/current_clocksource",
+        CMD,
+    );
+    assert_eq!(cs, "kvm-clock");
+
     // Pause: the console stops answering, the clock stops for the guest.
     let up1 = guest_uptime(&mut vm);
     let wall1 = Instant::now();
