@@ -56,7 +56,14 @@ fn guest_uptime(vm: &mut TestVm) -> f64 {
 #[test]
 fn control_api_pause_resume_metrics_shutdown() {
     let sock = std::env::temp_dir().join(format!("tandem-api-{}.sock", std::process::id()));
-    let mut vm = TestVm::start(&["--api-sock", sock.to_str().unwrap()]);
+    // kvm-clock, not the TSC: the guest's kvmclock is what tandem holds
+    // across a pause (the TSC of this host's guests runs on).
+    let mut vm = TestVm::start(&[
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--cmdline",
+        "console=ttyS0 reboot=k panic=1 clocksource=kvm-clock",
+    ]);
     vm.wait_ready();
 
     let (code, st) = ctl(&sock, &["status"]);
@@ -70,6 +77,12 @@ fn control_api_pause_resume_metrics_shutdown() {
         "(i=0; while :; do i=$((i+1)); echo $i >/tmp/count; read -t 1 x <&3; done) &",
         CMD,
     );
+
+    let cs = vm.ok(
+        "cat /sys/devices/system/clocksource/clocksource0/current_clocksource",
+        CMD,
+    );
+    assert_eq!(cs, "kvm-clock");
 
     // Pause: the console stops answering, the clock stops for the guest.
     let up1 = guest_uptime(&mut vm);
