@@ -102,6 +102,8 @@
 mod parse;
 
 #[cfg(test)]
+mod pass_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod testutil;
