@@ -104,6 +104,8 @@ mod parse;
 #[cfg(test)]
 mod pass_tests;
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod testutil;
