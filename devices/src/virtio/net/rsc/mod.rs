@@ -102,6 +102,8 @@
 mod parse;
 
 #[cfg(test)]
+mod driver_tests;
+#[cfg(test)]
 mod pass_tests;
 #[cfg(test)]
 mod proptests;
