@@ -28,8 +28,12 @@ pub enum ConfigError {
     CpusZero,
     #[error("vCPU count {asked} is above the limit of {limit}")]
     CpusTooMany { asked: u64, limit: u8 },
-    #[error("--net '{0}': expected tap=NAME[,mac=AA:BB:CC:DD:EE:FF]")]
+    #[error("--net '{0}': expected tap=NAME[,mac=AA:BB:CC:DD:EE:FF][,sndbuf=SIZE]")]
     NetSyntax(String),
+    #[error(
+        "--net '{0}': sndbuf '{1}' is not a size from 4K to 1G (a number with an optional K, M or G)"
+    )]
+    NetSndbuf(String, String),
     #[error("--net '{0}': '{1}' is not a MAC address (six hex bytes with ':')")]
     NetMac(String, String),
     #[error("--net '{0}': tap name must be 1 to 15 bytes")]
@@ -142,12 +146,16 @@ pub fn default_guest() -> Result<(PathBuf, PathBuf), ConfigError> {
 pub struct NetSpec {
     pub tap: String,
     pub mac: Option<[u8; 6]>,
+    /// The tap's socket send buffer in bytes (`TUNSETSNDBUF`); `None` keeps
+    /// the kernel's default, which is unlimited for a tap.
+    pub sndbuf: Option<u32>,
 }
 
 /// Parses `tap=NAME[,mac=MAC]`.
 pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
     let mut tap = None;
     let mut mac = None;
+    let mut sndbuf = None;
     for part in s.split(',') {
         let (k, v) = part
             .split_once('=')
@@ -160,6 +168,12 @@ pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
                         .ok_or_else(|| ConfigError::NetMac(s.to_string(), v.to_string()))?,
                 )
             }
+            "sndbuf" => {
+                sndbuf = Some(
+                    parse_sndbuf(v)
+                        .ok_or_else(|| ConfigError::NetSndbuf(s.to_string(), v.to_string()))?,
+                )
+            }
             _ => return Err(ConfigError::NetSyntax(s.to_string())),
         }
     }
@@ -167,7 +181,28 @@ pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
     if tap.is_empty() || tap.len() > 15 || tap.contains('/') {
         return Err(ConfigError::NetTapName(s.to_string()));
     }
-    Ok(NetSpec { tap, mac })
+    Ok(NetSpec { tap, mac, sndbuf })
+}
+
+/// A send-buffer size: bytes, or with a K/M/G suffix (binary units);
+/// 4 KiB to 1 GiB.
+fn parse_sndbuf(v: &str) -> Option<u32> {
+    let end = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(end);
+    let n: u64 = num.parse().ok()?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        _ => return None,
+    };
+    let bytes = n.checked_mul(1 << shift)?;
+    if (4096..=1 << 30).contains(&bytes) {
+        u32::try_from(bytes).ok()
+    } else {
+        None
+    }
 }
 
 fn parse_mac(v: &str) -> Option<[u8; 6]> {
@@ -248,16 +283,30 @@ mod tests {
             parse_net("tap=tap0"),
             Ok(NetSpec {
                 tap: "tap0".into(),
-                mac: None
+                mac: None,
+                sndbuf: None
             })
         );
         assert_eq!(
             parse_net("tap=t1,mac=52:54:00:AB:cd:01"),
             Ok(NetSpec {
                 tap: "t1".into(),
-                mac: Some([0x52, 0x54, 0, 0xab, 0xcd, 1])
+                mac: Some([0x52, 0x54, 0, 0xab, 0xcd, 1]),
+                sndbuf: None
             })
         );
+        assert_eq!(parse_net("tap=t,sndbuf=64K").unwrap().sndbuf, Some(65536));
+        assert_eq!(parse_net("tap=t,sndbuf=8192").unwrap().sndbuf, Some(8192));
+        assert_eq!(parse_net("tap=t,sndbuf=1G").unwrap().sndbuf, Some(1 << 30));
+        for bad in ["0", "4095", "2G", "x", "64Q", "-1", ""] {
+            assert!(
+                matches!(
+                    parse_net(&format!("tap=t,sndbuf={bad}")),
+                    Err(ConfigError::NetSndbuf(..))
+                ),
+                "{bad}"
+            );
+        }
         assert!(matches!(parse_net("tap0"), Err(ConfigError::NetSyntax(_))));
         assert!(matches!(
             parse_net("mac=52:54:00:00:00:01"),

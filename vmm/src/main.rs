@@ -59,9 +59,13 @@ struct RunArgs {
     /// host needs appended) and exit.
     #[arg(long)]
     print_cmdline: bool,
-    /// A virtio-net device on tap NAME (created if absent), with an
-    /// optional MAC; repeatable (eth0, eth1, ... in that order).
-    #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]", value_parser = config::parse_net)]
+    /// A virtio-net device on tap NAME (created if absent); repeatable
+    /// (eth0, eth1, ... in that order). mac=AA:BB:CC:DD:EE:FF sets the MAC;
+    /// sndbuf=SIZE (e.g. 256K) bounds the tap's send buffer so that a guest
+    /// sending faster than the host path drains is throttled (its TX queue
+    /// waits) instead of growing host queues; default: unlimited, as in QEMU.
+    #[arg(long = "net", value_name = "tap=NAME[,mac=MAC][,sndbuf=SIZE]",
+          value_parser = config::parse_net)]
     nets: Vec<config::NetSpec>,
     /// Write device counters as JSON to PATH, every second and at exit.
     #[arg(long, value_name = "PATH")]

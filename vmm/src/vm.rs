@@ -288,6 +288,7 @@ fn add_net(
         NetConfig {
             tap: spec.tap.clone(),
             mac: spec.mac.unwrap_or_else(|| config::default_mac(index)),
+            sndbuf: spec.sndbuf,
         },
         activate.try_clone()?,
     )

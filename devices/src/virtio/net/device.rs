@@ -24,6 +24,8 @@ const STATUS_LINK_UP: u16 = 1;
 pub struct NetConfig {
     pub tap: String,
     pub mac: [u8; 6],
+    /// Tap socket send buffer in bytes; `None` keeps the kernel default.
+    pub sndbuf: Option<u32>,
 }
 
 /// State shared between the device (activation, reset) and its handler.
@@ -66,6 +68,10 @@ impl Net {
     /// the driver starts the device.
     pub fn new(config: NetConfig, activate_evt: EventFd) -> Result<Net, TapError> {
         let tap = Arc::new(Tap::open(&config.tap)?);
+        if let Some(bytes) = config.sndbuf {
+            // Bounded to 1 GiB by the caller; the ioctl takes an int.
+            tap.set_sndbuf(i32::try_from(bytes).unwrap_or(i32::MAX))?;
+        }
         Ok(Net {
             config,
             tap,
