@@ -110,7 +110,7 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use std::time::{Duration, Instant};
 
@@ -482,6 +482,15 @@ impl Rsc {
         while !self.flows.is_empty() {
             self.flush_at(0, FlushReason::FlushAll, out);
         }
+    }
+
+    /// Switches to `cfg` (the driver negotiated again): pending packets,
+    /// built for the old configuration, are flushed into `out` first, as
+    /// by [`Rsc::flush_all`]; the counters go on.
+    pub fn reconfigure(&mut self, cfg: RscConfig, out: &mut Vec<Vec<u8>>) {
+        self.flush_all(out);
+        self.cap = cfg.max_size.min(MAX_IP_LEN);
+        self.cfg = cfg;
     }
 
     fn tcp(&mut self, frame: &[u8], seg: Seg, now: Instant, out: &mut Vec<Vec<u8>>) {

@@ -641,3 +641,35 @@ fn the_checksum_check_catches_a_corrupt_ip_header() {
     f[12 + 14 + 8] ^= 1; // TTL
     check_checksums(&f);
 }
+
+#[test]
+fn reconfigure_flushes_under_the_old_config_and_keeps_counting() {
+    let mut h = Harness::new(windows());
+    let segs = burst(&Tcp::v4(0, 1000), 3);
+    for s in &segs {
+        h.feed(s);
+    }
+    h.rsc.reconfigure(linux(), &mut h.out);
+    let out = h.take();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        vnet(&out[0]).flags,
+        NEEDS_CSUM | RSC_INFO,
+        "built for the driver that negotiated RSC_EXT"
+    );
+    assert_eq!(h.rsc.pending_flows(), 0);
+    assert!(!h.rsc.config().rsc_ext);
+    let next = segs[2].next(1000);
+    h.feed(&next);
+    h.feed(&next.next(1000));
+    h.flush();
+    assert_eq!(vnet(&h.take()[0]).flags, NEEDS_CSUM, "the new config");
+    let c = h.rsc.counters();
+    assert_eq!((c.received, c.coalesced, c.flush.flush_all), (5, 3, 2));
+
+    // A driver without offloads: everything passes from then on.
+    h.rsc.reconfigure(RscConfig::default(), &mut h.out);
+    h.feed(&next.next(1000));
+    assert_eq!(h.take().len(), 1);
+    assert_eq!(h.rsc.counters().pass.no_offload, 1);
+}
