@@ -6,6 +6,8 @@
 //! - `device`: the virtio device (features, config space, activation).
 //! - `handler`: event-loop glue on the VMM thread: queue notifications and
 //!   tap readiness, with flow control both ways.
+//! - `rx_pump`: the receive path's flow control, from tap reads through the
+//!   RSC engine (when on) to the guest, pure logic.
 //! - `metrics`: lock-free counters.
 //! - `rsc`: receive segment coalescing, pure logic: merges in-order TCP
 //!   segments read from the tap into GSO frames for the guest (design §4).
@@ -15,6 +17,7 @@ pub mod handler;
 pub mod metrics;
 pub mod rsc;
 pub mod rx;
+pub mod rx_pump;
 pub mod tap;
 pub mod tx;
 
