@@ -2,7 +2,8 @@
 # Builds the default tandem guest from Debian packages only:
 #   target/guest/vmlinux         ELF kernel (boot this one: no self-decompression)
 #   target/guest/bzImage         the same kernel as a bzImage
-#   target/guest/initramfs.cpio  uncompressed busybox initramfs
+#   target/guest/initramfs.cpio  uncompressed busybox initramfs, with the
+#                                guest tools (resources/guest-tools/*.c, static)
 #
 # Idempotent and cached: each output is built once into
 # ${TANDEM_CACHE:-~/.cache/tandem}, keyed by a hash of its inputs (config,
@@ -90,7 +91,7 @@ build_kernel() {
 
 build_initramfs() {
     local key file root
-    key=$( (pkgver busybox-static; cat "$here/initramfs/init";
+    key=$( (pkgver busybox-static; pkgver libc6-dev; pkgver gcc; cat "$here/initramfs/init" "$here"/guest-tools/*.c;
         sed -n '/^build_initramfs()/,/^}/p' "$0") | sha256sum | cut -c1-16)
     file="$cache/initramfs-$key.cpio"
     if [ -f "$file" ]; then
@@ -106,6 +107,11 @@ build_initramfs() {
             [ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
         done
         install -m 0755 "$here/initramfs/init" "$root/init"
+        # Guest tools: static, so they need nothing else in the image.
+        local tool
+        for tool in "$here"/guest-tools/*.c; do
+            gcc -static -O2 -Wall -Wextra -o "$root/usr/bin/$(basename "$tool" .c)" "$tool"
+        done
         echo 'root:x:0:0:root:/root:/bin/sh' >"$root/etc/passwd"
         echo 'root:x:0:' >"$root/etc/group"
         (cd "$root" && find . -print0 | LC_ALL=C sort -z |

@@ -156,6 +156,32 @@ impl TestVm {
         self.child.id()
     }
 
+    /// The VMM's own memory in KiB: the process RSS minus the RSS of guest
+    /// RAM (mappings at least `guest_kib` large), from /proc/PID/smaps.
+    pub fn vmm_overhead_kib(&self, guest_kib: u64) -> u64 {
+        let smaps =
+            std::fs::read_to_string(format!("/proc/{}/smaps", self.pid())).expect("read smaps");
+        let (mut total, mut guest, mut size) = (0u64, 0u64, 0u64);
+        let num = |l: &str| -> u64 {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        for line in smaps.lines() {
+            if line.starts_with("Size:") {
+                size = num(line);
+            } else if line.starts_with("Rss:") {
+                let rss = num(line);
+                total += rss;
+                if size >= guest_kib {
+                    guest += rss;
+                }
+            }
+        }
+        total - guest
+    }
+
     /// Waits for the ready marker, then turns console echo off so that
     /// command output is clean.
     pub fn wait_ready(&mut self) {

@@ -37,6 +37,73 @@ impl NetNs {
         ip(&["-n", &self.name, "link", "set", dev, "up"]);
     }
 
+    /// Adds tap `dev` with no address, up.
+    pub fn add_bare_tap(&self, dev: &str) {
+        ip(&["-n", &self.name, "tuntap", "add", "dev", dev, "mode", "tap"]);
+        ip(&["-n", &self.name, "link", "set", dev, "up"]);
+    }
+
+    /// Adds a veth pair: `dev` here, `peer` in namespace `other` with
+    /// address `peer_cidr`; both up.
+    pub fn add_veth(&self, dev: &str, other: &NetNs, peer: &str, peer_cidr: &str) {
+        ip(&[
+            "-n",
+            &self.name,
+            "link",
+            "add",
+            dev,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer,
+            "netns",
+            &other.name,
+        ]);
+        ip(&["-n", &self.name, "link", "set", dev, "up"]);
+        ip(&["-n", &other.name, "addr", "add", peer_cidr, "dev", peer]);
+        ip(&["-n", &other.name, "link", "set", peer, "up"]);
+    }
+
+    /// Runs a program in the namespace; it must succeed.
+    pub fn must(&self, program: &str, args: &[&str]) {
+        let st = self.command(program).args(args).status().expect("run");
+        assert!(st.success(), "{program} {args:?} in {} failed", self.name);
+    }
+
+    /// Joins `a` and `b` like a wire: every frame arriving on one is sent out
+    /// of the other (tc ingress + mirred redirect). Unlike a bridge, this
+    /// keeps a tap's socket send-buffer accounting while frames wait in a
+    /// qdisc of `b`, so a tap write really returns EAGAIN when `b` is slow.
+    pub fn wire(&self, a: &str, b: &str) {
+        for (from, to) in [(a, b), (b, a)] {
+            self.must("tc", &["qdisc", "add", "dev", from, "ingress"]);
+            self.must(
+                "tc",
+                &[
+                    "filter", "add", "dev", from, "parent", "ffff:", "protocol", "all", "u32",
+                    "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", to,
+                ],
+            );
+        }
+    }
+
+    /// The kernel's packet counters of `dev`: (rx_packets, tx_packets).
+    pub fn link_packets(&self, dev: &str) -> (u64, u64) {
+        let read = |what: &str| -> u64 {
+            let out = self
+                .command("cat")
+                .arg(format!("/sys/class/net/{dev}/statistics/{what}"))
+                .output()
+                .expect("read link statistics");
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .expect("link statistic")
+        };
+        (read("rx_packets"), read("tx_packets"))
+    }
+
     /// A command that runs inside the namespace.
     pub fn command(&self, program: &str) -> Command {
         let mut c = Command::new("ip");
