@@ -10,9 +10,10 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is missing: install a Rust toolchain (rustup) first" >&2
     exit 1
 fi
-# Tools the test suite uses besides the guest build's own dependencies.
+# Tools the test suite uses besides the guest build's own dependencies
+# (ethtool: the RSC test and benchmark turn tap segmentation offloads off).
 need=()
-for p in util-linux iproute2 coreutils iputils-ping; do
+for p in util-linux iproute2 coreutils iputils-ping ethtool; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -2,6 +2,7 @@
 //! Everything here is user input: each mistake is a one-line error.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::boot::mptable::MAX_CPUS;
 
@@ -28,8 +29,17 @@ pub enum ConfigError {
     CpusZero,
     #[error("vCPU count {asked} is above the limit of {limit}")]
     CpusTooMany { asked: u64, limit: u8 },
-    #[error("--net '{0}': expected tap=NAME[,mac=AA:BB:CC:DD:EE:FF][,sndbuf=SIZE]")]
+    #[error(
+        "--net '{0}': expected \
+         tap=NAME[,mac=AA:BB:CC:DD:EE:FF][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]"
+    )]
     NetSyntax(String),
+    #[error("--net '{0}': rsc '{1}' is not on or off")]
+    NetRsc(String, String),
+    #[error(
+        "--net '{0}': rsc_interval_us '{1}' is not a number of microseconds from 1 to 1000000"
+    )]
+    NetRscInterval(String, String),
     #[error(
         "--net '{0}': sndbuf '{1}' is not a size from 4K to 1G (a number with an optional K, M or G)"
     )]
@@ -155,13 +165,26 @@ pub struct NetSpec {
     /// The tap's socket send buffer in bytes (`TUNSETSNDBUF`); `None` keeps
     /// the kernel's default, which is unlimited for a tap.
     pub sndbuf: Option<u32>,
+    /// Receive segment coalescing (`rsc=on`); off by default.
+    pub rsc: bool,
+    /// How long RSC lets a partly coalesced packet wait for more segments
+    /// (`rsc_interval_us=`); used only with `rsc`.
+    pub rsc_interval: Duration,
 }
 
-/// Parses `tap=NAME[,mac=MAC]`.
+/// Default RSC drain interval (design §4; QEMU's default too).
+pub const DEFAULT_RSC_INTERVAL: Duration = Duration::from_micros(300);
+/// Longest RSC drain interval accepted: beyond it the guest's TCP would see
+/// the delay as loss.
+pub const MAX_RSC_INTERVAL_US: u64 = 1_000_000;
+
+/// Parses `tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]`.
 pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
     let mut tap = None;
     let mut mac = None;
     let mut sndbuf = None;
+    let mut rsc = false;
+    let mut rsc_interval = DEFAULT_RSC_INTERVAL;
     for part in s.split(',') {
         let (k, v) = part
             .split_once('=')
@@ -180,6 +203,21 @@ pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
                         .ok_or_else(|| ConfigError::NetSndbuf(s.to_string(), v.to_string()))?,
                 )
             }
+            "rsc" => {
+                rsc = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(ConfigError::NetRsc(s.to_string(), v.to_string())),
+                }
+            }
+            "rsc_interval_us" => {
+                rsc_interval = v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|us| (1..=MAX_RSC_INTERVAL_US).contains(us))
+                    .map(Duration::from_micros)
+                    .ok_or_else(|| ConfigError::NetRscInterval(s.to_string(), v.to_string()))?
+            }
             _ => return Err(ConfigError::NetSyntax(s.to_string())),
         }
     }
@@ -187,7 +225,13 @@ pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
     if tap.is_empty() || tap.len() > 15 || tap.contains('/') {
         return Err(ConfigError::NetTapName(s.to_string()));
     }
-    Ok(NetSpec { tap, mac, sndbuf })
+    Ok(NetSpec {
+        tap,
+        mac,
+        sndbuf,
+        rsc,
+        rsc_interval,
+    })
 }
 
 /// A send-buffer size: bytes, or with a K/M/G suffix (binary units);
@@ -355,7 +399,9 @@ mod tests {
             Ok(NetSpec {
                 tap: "tap0".into(),
                 mac: None,
-                sndbuf: None
+                sndbuf: None,
+                rsc: false,
+                rsc_interval: DEFAULT_RSC_INTERVAL,
             })
         );
         assert_eq!(
@@ -363,7 +409,9 @@ mod tests {
             Ok(NetSpec {
                 tap: "t1".into(),
                 mac: Some([0x52, 0x54, 0, 0xab, 0xcd, 1]),
-                sndbuf: None
+                sndbuf: None,
+                rsc: false,
+                rsc_interval: DEFAULT_RSC_INTERVAL,
             })
         );
         assert_eq!(parse_net("tap=t,sndbuf=64K").unwrap().sndbuf, Some(65536));
@@ -477,6 +525,56 @@ mod tests {
             "averylongnamewithspa"
         );
         assert_eq!(default_disk_id(Path::new("/")), "");
+    }
+
+    #[test]
+    fn rsc_options() {
+        let n = parse_net("tap=t,rsc=on").unwrap();
+        assert!(n.rsc);
+        assert_eq!(n.rsc_interval, Duration::from_micros(300), "default");
+        assert!(!parse_net("tap=t").unwrap().rsc, "off by default");
+        assert!(!parse_net("tap=t,rsc=off").unwrap().rsc);
+        let n = parse_net("tap=t,rsc=on,rsc_interval_us=50").unwrap();
+        assert_eq!(n.rsc_interval, Duration::from_micros(50));
+        assert_eq!(
+            parse_net("tap=t,rsc_interval_us=1000000,rsc=on")
+                .unwrap()
+                .rsc_interval,
+            Duration::from_secs(1),
+            "1 s is the limit, in any order"
+        );
+        assert_eq!(
+            parse_net("tap=t,rsc_interval_us=1").unwrap().rsc_interval,
+            Duration::from_micros(1)
+        );
+        for bad in ["yes", "1", "ON", ""] {
+            assert_eq!(
+                parse_net(&format!("tap=t,rsc={bad}")),
+                Err(ConfigError::NetRsc(format!("tap=t,rsc={bad}"), bad.into()))
+            );
+        }
+        for bad in [
+            "0",
+            "1000001",
+            "99999999999999999999",
+            "-5",
+            "300us",
+            "1.5",
+            "",
+        ] {
+            let s = format!("tap=t,rsc=on,rsc_interval_us={bad}");
+            assert_eq!(
+                parse_net(&s),
+                Err(ConfigError::NetRscInterval(s.clone(), bad.into())),
+                "{bad}"
+            );
+        }
+        let msg = parse_net("tap=t,rsc_interval_us=0")
+            .unwrap_err()
+            .to_string();
+        assert!(!msg.contains('\n'), "one line: {msg}");
+        let msg = parse_net("tap=t,bogus=1").unwrap_err().to_string();
+        assert!(msg.contains("rsc=on|off") && !msg.contains('\n'), "{msg}");
     }
 
     #[test]

@@ -101,7 +101,13 @@ struct RunArgs {
     /// sndbuf=SIZE (e.g. 256K) bounds the tap's send buffer so that a guest
     /// sending faster than the host path drains is throttled (its TX queue
     /// waits) instead of growing host queues; default: unlimited, as in QEMU.
-    #[arg(long = "net", value_name = "tap=NAME[,mac=MAC][,sndbuf=SIZE]",
+    /// rsc=on coalesces received TCP segments into large packets before they
+    /// reach the guest (receive segment coalescing; also offers RSC_EXT to
+    /// drivers that report coalescing, e.g. Windows NetKVM); default off.
+    /// rsc_interval_us=N: how long a partly coalesced packet may wait for
+    /// more segments, 1 to 1000000 µs (default 300).
+    #[arg(long = "net",
+          value_name = "tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]",
           value_parser = config::parse_net)]
     nets: Vec<config::NetSpec>,
     /// A virtio-blk device on a raw image FILE (a regular file or a block

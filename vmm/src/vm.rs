@@ -399,6 +399,9 @@ struct NetReport {
     tap: String,
     counters: Arc<NetMetrics>,
     bad_accesses: Arc<AtomicU64>,
+    /// For the RSC counters (its lock is free between event-loop runs, on
+    /// this same thread).
+    handler: Arc<Mutex<NetHandler>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -422,6 +425,7 @@ fn add_net(
             tap: spec.tap.clone(),
             mac: spec.mac.unwrap_or_else(|| config::default_mac(index)),
             sndbuf: spec.sndbuf,
+            rsc: spec.rsc.then_some(spec.rsc_interval),
         },
         activate.try_clone()?,
     )
@@ -447,17 +451,21 @@ fn add_net(
         queue_evts,
         interrupt.clone(),
         counters.clone(),
-    );
+        net.rsc_config(),
+    )
+    .map_err(|e| net_err(e.to_string()))?;
+    let handler = Arc::new(Mutex::new(handler));
     let transport = MmioTransport::new(Box::new(net), mem.clone(), interrupt, transport_evts)
         .map_err(|e| net_err(format!("queues: {e:?}")))?;
     let bad_accesses = transport.bad_accesses();
     mmio.insert(Arc::new(Mutex::new(transport)), base, MMIO_WINDOW)
         .map_err(|e| VmError::Devices(e.to_string()))?;
-    em.add_subscriber(Arc::new(Mutex::new(handler)));
+    em.add_subscriber(handler.clone());
     Ok(NetReport {
         tap: spec.tap.clone(),
         counters,
         bad_accesses,
+        handler,
     })
 }
 
@@ -602,7 +610,9 @@ fn metrics_json(nets: &[NetReport], disks: &[DiskReport]) -> serde_json::Value {
         .map(|n| {
             let mut c = n.counters.snapshot();
             c.bad_register_accesses += n.bad_accesses.load(Ordering::Relaxed);
-            serde_json::json!({ "tap": n.tap, "counters": c })
+            // `null` when RSC is off.
+            let rsc = devices::bus::lock(&n.handler).rsc_counters();
+            serde_json::json!({ "tap": n.tap, "counters": c, "rsc": rsc })
         })
         .collect();
     serde_json::json!({

@@ -1,8 +1,14 @@
 //! The virtio-net device: features, configuration space (MAC, link status)
 //! and activation. Queue processing happens in `handler` on the VMM thread;
 //! activation (on a vCPU thread) hands it the queues through `NetState`.
+//!
+//! With RSC on, the device also offers VIRTIO_NET_F_RSC_EXT (the virtio
+//! spec makes it require HOST_TSO4 or HOST_TSO6, which are always offered);
+//! what the engine may do is decided at each activation from the features
+//! the driver acked ([`RscConfig::from_features`]).
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
@@ -10,6 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::features::*;
 use super::metrics::NetMetrics;
+use super::rsc::RscConfig;
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use crate::virtio::{ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
 
@@ -26,6 +33,8 @@ pub struct NetConfig {
     pub mac: [u8; 6],
     /// Tap socket send buffer in bytes; `None` keeps the kernel default.
     pub sndbuf: Option<u32>,
+    /// Receive segment coalescing with this drain interval; `None`: off.
+    pub rsc: Option<Duration>,
 }
 
 /// State shared between the device (activation, reset) and its handler.
@@ -41,6 +50,10 @@ pub struct Active {
     pub tx: Queue,
     pub mem: GuestMemoryMmap,
     pub mergeable: bool,
+    /// The features the driver acked.
+    pub acked: u64,
+    /// The RSC engine's configuration, when RSC is on.
+    pub rsc: Option<RscConfig>,
 }
 
 /// The virtio-net device.
@@ -86,6 +99,15 @@ impl Net {
         self.tap.clone()
     }
 
+    /// The RSC engine's configuration before any negotiation (everything
+    /// passes until the driver acks offloads), with RSC on.
+    pub fn rsc_config(&self) -> Option<RscConfig> {
+        self.config.rsc.map(|interval| RscConfig {
+            interval,
+            ..RscConfig::default()
+        })
+    }
+
     /// The state, shared with the handler.
     pub fn state(&self) -> Arc<Mutex<NetState>> {
         self.state.clone()
@@ -97,6 +119,15 @@ impl Net {
         c[6..8].copy_from_slice(&STATUS_LINK_UP.to_le_bytes());
         c[8..10].copy_from_slice(&1u16.to_le_bytes()); // max_virtqueue_pairs
         c
+    }
+}
+
+/// The features offered for `config`: RSC_EXT only with RSC on.
+pub fn offered(config: &NetConfig) -> u64 {
+    if config.rsc.is_some() {
+        OFFERED | RSC_EXT
+    } else {
+        OFFERED
     }
 }
 
@@ -125,7 +156,7 @@ impl VirtioDevice for Net {
     }
 
     fn features(&self) -> u64 {
-        OFFERED
+        offered(&self.config)
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -163,6 +194,11 @@ impl VirtioDevice for Net {
             tx,
             mem,
             mergeable: acked & MRG_RXBUF != 0,
+            acked,
+            rsc: self.config.rsc.map(|interval| RscConfig {
+                interval,
+                ..RscConfig::from_features(acked)
+            }),
         });
         self.activate_evt
             .write(1)
@@ -177,6 +213,30 @@ impl VirtioDevice for Net {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(rsc: Option<Duration>) -> NetConfig {
+        NetConfig {
+            tap: "t".into(),
+            mac: [0; 6],
+            sndbuf: None,
+            rsc,
+        }
+    }
+
+    #[test]
+    fn rsc_ext_offered_only_with_rsc_on() {
+        let off = offered(&config(None));
+        assert_eq!(off & RSC_EXT, 0);
+        let on = offered(&config(Some(Duration::from_micros(300))));
+        assert_eq!(on, off | RSC_EXT, "everything else as before");
+        // virtio 1.2 5.1.3.1: RSC_EXT requires HOST_TSO4 or HOST_TSO6; the
+        // engine needs GUEST_TSO4/6 and GUEST_CSUM to coalesce at all.
+        assert_ne!(on & (HOST_TSO4 | HOST_TSO6), 0);
+        assert_eq!(
+            on & (GUEST_CSUM | GUEST_TSO4 | GUEST_TSO6),
+            GUEST_CSUM | GUEST_TSO4 | GUEST_TSO6
+        );
+    }
 
     #[test]
     fn offloads_follow_guest_features() {

@@ -1,24 +1,34 @@
 //! virtio-net's event-loop glue (VMM thread): queue notifications, tap
-//! readiness, flow control.
+//! readiness, the RSC drain timer, flow control.
 //!
 //! - TX: chains go to the tap until it would block; then the chain stays in
 //!   the queue, the tap is watched for EPOLLOUT, and TX resumes there.
-//! - RX: frames go to the guest until it has no buffers; then the frame is
-//!   held, the tap is no longer read, and RX resumes when the guest posts
-//!   buffers (RX queue notification).
+//! - RX ([`RxPump`]): frames read from the tap (through the RSC engine when
+//!   RSC is on) go to the guest until it has no buffers; then what is ready
+//!   is held, the tap is no longer read (EPOLLIN interest dropped), and RX
+//!   resumes when the guest posts buffers (RX queue notification). The tap
+//!   is not read while the device is reset either; activation resumes it.
+//! - RSC drain timer (RSC on only): a timerfd armed for the engine's next
+//!   deadline after every RX run; when it fires, expired packets are
+//!   flushed and delivered. It is re-armed only when the deadline moves
+//!   (about once per coalesced packet, not per segment).
 //!
 //! Runtime events are registered only once the driver activates the device.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_queue::{QueueOwnedT, QueueT};
 use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
 
 use super::device::NetState;
 use super::metrics::NetMetrics;
-use super::rx::{self, RxOutcome};
+use super::rsc::{RscConfig, RscCounters};
+use super::rx_pump::{Guest, RxPump};
 use super::tap::{Tap, VNET_HDR_LEN};
 use super::tx::{self, MAX_TX_FRAME};
 use crate::virtio::mmio::Interrupt;
@@ -28,7 +38,14 @@ const ACTIVATE: u32 = 0;
 const RX_QUEUE: u32 = 1;
 const TX_QUEUE: u32 = 2;
 const TAP: u32 = 3;
-const MAX_RX_FRAME: usize = VNET_HDR_LEN + 65535 + 18;
+const RSC_TIMER: u32 = 4;
+
+/// Handler errors.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error("cannot create the RSC drain timer: {0}")]
+    Timer(io::Error),
+}
 
 /// The handler of one device.
 pub struct NetHandler {
@@ -40,15 +57,19 @@ pub struct NetHandler {
     interrupt: Arc<Interrupt>,
     metrics: Arc<NetMetrics>,
     registered: bool,
-    /// A frame read from the tap that the guest had no room for yet.
-    pending_rx: Option<Vec<u8>>,
-    rx_buf: Vec<u8>,
+    pump: RxPump,
+    /// The RSC drain timer (non-blocking), with RSC on.
+    timer: Option<TimerFd>,
+    /// The deadline the timer is armed for.
+    armed: Option<Instant>,
     tx_buf: Vec<u8>,
     tap_interest: EventSet,
 }
 
 impl NetHandler {
-    /// A handler for the device whose shared parts these are.
+    /// A handler for the device whose shared parts these are; with `rsc`,
+    /// received frames go through an RSC engine (reconfigured at each
+    /// activation for the features the driver acked).
     pub fn new(
         state: Arc<Mutex<NetState>>,
         tap: Arc<Tap>,
@@ -56,9 +77,14 @@ impl NetHandler {
         queue_evts: [EventFd; 2],
         interrupt: Arc<Interrupt>,
         metrics: Arc<NetMetrics>,
-    ) -> Self {
+        rsc: Option<RscConfig>,
+    ) -> Result<Self, HandlerError> {
         let [rx_evt, tx_evt] = queue_evts;
-        NetHandler {
+        let timer = match rsc {
+            Some(_) => Some(nonblocking_timer().map_err(HandlerError::Timer)?),
+            None => None,
+        };
+        Ok(NetHandler {
             state,
             tap,
             activate_evt,
@@ -67,11 +93,12 @@ impl NetHandler {
             interrupt,
             metrics,
             registered: false,
-            pending_rx: None,
-            rx_buf: vec![0; MAX_RX_FRAME],
+            pump: RxPump::new(rsc),
+            timer,
+            armed: None,
             tx_buf: Vec::with_capacity(MAX_TX_FRAME),
             tap_interest: EventSet::IN,
-        }
+        })
     }
 
     fn set_tap_interest(&mut self, ops: &mut EventOps, set: EventSet) {
@@ -105,7 +132,14 @@ impl NetHandler {
             ops.add(Events::with_data(&self.tx_evt, TX_QUEUE, EventSet::IN)),
             ops.add(Events::with_data_raw(self.tap.fd(), TAP, EventSet::IN)),
         ];
-        for r in regs {
+        let timer = self.timer.as_ref().map(|t| {
+            ops.add(Events::with_data_raw(
+                t.as_raw_fd(),
+                RSC_TIMER,
+                EventSet::IN,
+            ))
+        });
+        for r in regs.into_iter().chain(timer) {
             if let Err(e) = r {
                 log::error!(
                     "virtio-net {}: cannot register events: {e:?}",
@@ -181,64 +215,92 @@ impl NetHandler {
         blocked
     }
 
-    /// Moves frames from the tap to the guest. Returns whether it stopped
-    /// for lack of guest buffers.
+    /// Moves frames from the tap to the guest. Returns whether to stop
+    /// reading the tap: the guest has no buffers, or the device is reset.
     fn process_rx(&mut self) -> bool {
         let mut state = crate::bus::lock(&self.state);
         let Some(active) = state.active.as_mut() else {
-            return false;
+            // Reset: read again when the driver activates the device.
+            return true;
         };
-        let mut starved = false;
-        let mut delivered = false;
-        loop {
-            let mut frame = match self.pending_rx.take() {
-                Some(f) => f,
-                None => match self.tap.read_frame(&mut self.rx_buf) {
-                    Ok(n) if n >= VNET_HDR_LEN => self.rx_buf[..n].to_vec(),
-                    Ok(_) => continue,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        log::warn!("virtio-net {}: tap read: {e}", self.tap.name());
-                        break;
-                    }
-                },
-            };
-            match rx::deliver(&mut active.rx, &active.mem, &mut frame, active.mergeable) {
-                Ok(RxOutcome::Delivered(_)) => {
-                    NetMetrics::add(&self.metrics.rx_packets, 1);
-                    NetMetrics::add(&self.metrics.rx_bytes, (frame.len() - VNET_HDR_LEN) as u64);
-                    delivered = true;
-                }
-                Ok(RxOutcome::NoBuffers) => {
-                    // Ask to be told when buffers come, then check once more.
-                    if matches!(active.rx.enable_notification(&active.mem), Ok(true)) {
-                        self.pending_rx = Some(frame);
-                        continue;
-                    }
-                    NetMetrics::add(&self.metrics.no_rx_buffer_waits, 1);
-                    self.pending_rx = Some(frame);
-                    starved = true;
-                    break;
-                }
-                Err(e) => {
-                    log::debug!("virtio-net {}: bad RX chain: {e}", self.tap.name());
-                    NetMetrics::add(&self.metrics.malformed_chains, 1);
-                    if e == super::ChainError::BufferTooSmall {
-                        NetMetrics::add(&self.metrics.drops, 1);
-                    }
-                    delivered = true;
-                }
-            }
-        }
-        if delivered && active.rx.needs_notification(&active.mem).unwrap_or(true) {
+        let mut guest = Guest {
+            queue: &mut active.rx,
+            mem: &active.mem,
+            mergeable: active.mergeable,
+        };
+        let tap = &self.tap;
+        let res = self.pump.pump(
+            &mut guest,
+            |buf| tap.read_frame(buf),
+            Instant::now,
+            &self.metrics,
+        );
+        if res.used && active.rx.needs_notification(&active.mem).unwrap_or(true) {
             self.interrupt.trigger(INT_USED_RING);
         }
-        starved
+        res.starved
+    }
+
+    /// Arms the drain timer for the engine's next deadline, if it moved.
+    fn arm_timer(&mut self) {
+        let Some(timer) = self.timer.as_mut() else {
+            return;
+        };
+        let Some(deadline) = self.pump.next_deadline() else {
+            // A timer still armed for a flushed packet fires for nothing.
+            return;
+        };
+        if self.armed == Some(deadline) {
+            return;
+        }
+        // A zero duration would disarm the timer: a deadline already past
+        // fires in 1 ns.
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_nanos(1));
+        match timer.reset(wait, None) {
+            Ok(()) => self.armed = Some(deadline),
+            Err(e) => log::error!("virtio-net {}: RSC timer: {e}", self.tap.name()),
+        }
+    }
+
+    /// The drain timer fired: expired packets go to the guest.
+    fn run_timer(&mut self, ops: &mut EventOps) {
+        if let Some(timer) = self.timer.as_mut() {
+            // Non-blocking: re-arming may have cleared the expiration.
+            let _ = timer.wait();
+        }
+        self.armed = None;
+        self.pump.expire(Instant::now());
+        self.run_rx(ops);
+    }
+
+    /// The driver (re)started the device: rebuild the receive path for its
+    /// features.
+    fn activate(&mut self) {
+        let (acked, rsc) = match crate::bus::lock(&self.state).active.as_ref() {
+            Some(a) => (a.acked, a.rsc.clone()),
+            None => return,
+        };
+        let discarded = self.pump.activate(acked, rsc);
+        if discarded > 0 {
+            log::info!(
+                "virtio-net {}: {discarded} received frames held for the previous driver \
+                 discarded (features changed)",
+                self.tap.name()
+            );
+            NetMetrics::add(&self.metrics.drops, discarded as u64);
+        }
+    }
+
+    /// The RSC engine's counters, when RSC is on.
+    pub fn rsc_counters(&self) -> Option<RscCounters> {
+        self.pump.rsc_counters().cloned()
     }
 
     fn run_rx(&mut self, ops: &mut EventOps) {
         let starved = self.process_rx();
+        self.arm_timer();
         let want_out = self.tap_interest.contains(EventSet::OUT);
         let mut set = if starved {
             EventSet::empty()
@@ -277,6 +339,7 @@ impl MutEventSubscriber for NetHandler {
             ACTIVATE => {
                 let _ = self.activate_evt.read();
                 self.register_runtime(ops);
+                self.activate();
                 self.run_tx(ops);
                 self.run_rx(ops);
             }
@@ -288,6 +351,7 @@ impl MutEventSubscriber for NetHandler {
                 let _ = self.tx_evt.read();
                 self.run_tx(ops);
             }
+            RSC_TIMER => self.run_timer(ops),
             TAP => {
                 if events.event_set().contains(EventSet::OUT) {
                     self.run_tx(ops);
@@ -302,4 +366,18 @@ impl MutEventSubscriber for NetHandler {
             _ => {}
         }
     }
+}
+
+/// A timerfd that never blocks on read: the timer may be re-armed (which
+/// clears its expiration count) between epoll reporting it and the read.
+fn nonblocking_timer() -> io::Result<TimerFd> {
+    let timer = TimerFd::new()?;
+    let fd = timer.as_raw_fd();
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(timer)
 }

@@ -22,6 +22,9 @@ pub struct NetMetrics {
     pub drops: AtomicU64,
     /// Guest accesses to the transport that were wrong and ignored.
     pub bad_register_accesses: AtomicU64,
+    /// Most frames held at once for a guest without RX buffers (a maximum,
+    /// not a sum): 1 without RSC, bounded by `rx_pump::MAX_HELD` with it.
+    pub rx_held_max: AtomicU64,
 }
 
 /// A point-in-time copy, for JSON.
@@ -36,12 +39,18 @@ pub struct NetCounters {
     pub malformed_chains: u64,
     pub drops: u64,
     pub bad_register_accesses: u64,
+    pub rx_held_max: u64,
 }
 
 impl NetMetrics {
     /// Adds `n` to `c`.
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Raises `c` to `n` if it is lower.
+    pub fn max(c: &AtomicU64, n: u64) {
+        c.fetch_max(n, Ordering::Relaxed);
     }
 
     /// The current values.
@@ -57,6 +66,7 @@ impl NetMetrics {
             malformed_chains: g(&self.malformed_chains),
             drops: g(&self.drops),
             bad_register_accesses: g(&self.bad_register_accesses),
+            rx_held_max: g(&self.rx_held_max),
         }
     }
 }

@@ -6,12 +6,18 @@
 //! - `device`: the virtio device (features, config space, activation).
 //! - `handler`: event-loop glue on the VMM thread: queue notifications and
 //!   tap readiness, with flow control both ways.
+//! - `rx_pump`: the receive path's flow control, from tap reads through the
+//!   RSC engine (when on) to the guest, pure logic.
 //! - `metrics`: lock-free counters.
+//! - `rsc`: receive segment coalescing, pure logic: merges in-order TCP
+//!   segments read from the tap into GSO frames for the guest (design §4).
 
 pub mod device;
 pub mod handler;
 pub mod metrics;
+pub mod rsc;
 pub mod rx;
+pub mod rx_pump;
 pub mod tap;
 pub mod tx;
 
@@ -28,6 +34,8 @@ pub mod features {
     pub const HOST_TSO6: u64 = 1 << 12;
     pub const MRG_RXBUF: u64 = 1 << 15;
     pub const STATUS: u64 = 1 << 16;
+    /// Extended RSC info (coalesced segment and duplicate-ACK counts).
+    pub const RSC_EXT: u64 = 1 << 61;
 }
 
 /// Why a descriptor chain was rejected.
