@@ -337,3 +337,28 @@ pub fn tandem_output(args: &[&str]) -> std::process::Output {
         .output()
         .expect("run tandem")
 }
+
+/// `len` reproducible pseudo-random bytes (xorshift from `seed`, non-zero):
+/// incompressible enough for transfer tests.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Lower-case hex of `d` (e.g. a sha256 digest).
+pub fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The JSON that `tandem run --metrics PATH` wrote.
+pub fn read_metrics(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("metrics file");
+    serde_json::from_str(&text).expect("metrics JSON")
+}

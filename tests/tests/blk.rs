@@ -25,23 +25,11 @@ const CMD: Duration = Duration::from_secs(180);
 const MIB: usize = 1 << 20;
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    // xorshift: reproducible, incompressible.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    tandem_tests::pseudo_random(len, 0x9e37_79b9_7f4a_7c15 ^ seed)
 }
 
 fn sha(d: &[u8]) -> String {
-    Sha256::digest(d)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    tandem_tests::hex(&Sha256::digest(d))
 }
 
 /// The sha256 a guest `sha256sum` printed (the shell may print job notices).
@@ -80,8 +68,7 @@ fn read(p: &Path) -> Vec<u8> {
 }
 
 fn metrics(path: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).expect("metrics file");
-    serde_json::from_str(&text).expect("metrics JSON")
+    tandem_tests::read_metrics(path)
 }
 
 /// The counter `key` of disk `i`.

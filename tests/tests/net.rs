@@ -16,31 +16,17 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tandem_tests::netns::NetNs;
-use tandem_tests::{tandem_bin, TestVm};
+use tandem_tests::{hex, tandem_bin, TestVm};
 
 const CMD: Duration = Duration::from_secs(180);
 const XFER: Duration = Duration::from_secs(900);
 
 fn data(len: usize) -> Vec<u8> {
-    // xorshift: reproducible, incompressible enough.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn hex(d: &[u8]) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    tandem_tests::pseudo_random(len, 0x9e37_79b9_7f4a_7c15)
 }
 
 fn metrics(path: &std::path::Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).expect("metrics file");
-    serde_json::from_str(&text).expect("metrics JSON")
+    tandem_tests::read_metrics(path)
 }
 
 #[test]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tandem_tests::netns::NetNs;
-use tandem_tests::{tandem_bin, TestVm};
+use tandem_tests::{hex, tandem_bin, TestVm};
 
 const CMD: Duration = Duration::from_secs(180);
 const XFER: Duration = Duration::from_secs(900);
@@ -30,25 +30,11 @@ const LEN: usize = 2 << 20;
 const MAX_HELD: u64 = 2 * 32 + 2;
 
 fn data(len: usize) -> Vec<u8> {
-    // xorshift: reproducible, incompressible enough.
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn hex(d: &[u8]) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    tandem_tests::pseudo_random(len, 0x2545_f491_4f6c_dd1d)
 }
 
 fn metrics(path: &std::path::Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).expect("metrics file");
-    serde_json::from_str(&text).expect("metrics JSON")
+    tandem_tests::read_metrics(path)
 }
 
 fn run(mut cmd: Command) -> String {
