@@ -9,5 +9,10 @@ if [ ! -e /dev/kvm ]; then
     echo "test.sh: /dev/kvm is absent: the guest tests cannot run on this machine" >&2
     exit 1
 fi
+# The base snapshot (tests/src/base.rs): booted once by the first test that
+# needs it, restored by the others, removed at exit.
+TANDEM_TEST_BASE=$(mktemp -d "${TMPDIR:-/tmp}/tandem-base.XXXXXX")
+export TANDEM_TEST_BASE
+trap 'rm -rf "$TANDEM_TEST_BASE"' EXIT
 # Two test threads: one guest per core.
 cargo test --release --workspace -- --test-threads=2 "$@"

@@ -2,9 +2,11 @@
 //! talks to it over its serial console, as a user at a terminal would.
 //!
 //! Boots cost about a minute on hosts whose KVM emulates the guest kernel,
-//! so a test boots once and runs many checks. Commands run one at a time
+//! so a test boots once and runs many checks, and tests that are not about
+//! booting restore the run's base snapshot instead ([`base`]). Commands run one at a time
 //! (see the README's known issues). The VMM process is always killed on drop.
 
+pub mod base;
 pub mod netns;
 
 use std::io::{Read, Write};
@@ -98,6 +100,8 @@ pub struct TestVm {
     /// Where in stdout the next search starts.
     cursor: usize,
     seq: u32,
+    /// Files removed after the VMM is killed (e.g. a disk copy).
+    scratch: Vec<PathBuf>,
 }
 
 impl TestVm {
@@ -129,6 +133,7 @@ impl TestVm {
             stderr,
             cursor: 0,
             seq: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -160,6 +165,11 @@ impl TestVm {
         let mut vm = TestVm::start(&args);
         vm.ok("true", Duration::from_secs(120));
         vm
+    }
+
+    /// Removes `path` when this VM is dropped (after the VMM is killed).
+    pub fn remove_on_drop(&mut self, path: PathBuf) {
+        self.scratch.push(path);
     }
 
     /// The VMM's process id.
@@ -317,6 +327,9 @@ impl Drop for TestVm {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for f in &self.scratch {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }
 
@@ -336,6 +349,21 @@ pub fn tandem_output(args: &[&str]) -> std::process::Output {
         .stdin(Stdio::null())
         .output()
         .expect("run tandem")
+}
+
+/// `tandem ctl --api-sock SOCK <verb...>`: its exit code and JSON answer
+/// (`Null` when it printed none).
+pub fn ctl(sock: &Path, verb: &[&str]) -> (i32, serde_json::Value) {
+    let out = Command::new(tandem_bin())
+        .arg("ctl")
+        .arg("--api-sock")
+        .arg(sock)
+        .args(verb)
+        .output()
+        .expect("run tandem ctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answer = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), answer)
 }
 
 /// `len` reproducible pseudo-random bytes (xorshift from `seed`, non-zero):

@@ -1,0 +1,347 @@
+//! The base snapshot: the default guest booted once per test run, paused
+//! and snapshotted, so that tests which are not about booting start from a
+//! restore (about a second) instead of a boot (70-110 s on hosts whose KVM
+//! emulates the guest kernel, see the README's "Known issues").
+//!
+//! The base guest: the default kernel and initramfs, 128 MiB, 1 vCPU,
+//! [`CMDLINE`] (kvm-clock, eth0 and eth1 configured and up), two NICs
+//! (net0 `rsc=off` with [`MAC0`], net1 `rsc=on` with [`MAC1`]) and one
+//! read-write disk (a [`DISK_BYTES`] ext4 image with id [`DISK_ID`], not
+//! mounted). It boots in a namespace of its own on bare taps that carry no
+//! traffic, so a restored guest holds no neighbour entries of that host side.
+//!
+//! Sharing: test.sh exports `TANDEM_TEST_BASE`, a directory of its own per
+//! run, removed at exit. The first test (of any test binary, on any thread)
+//! that asks for the base creates it there under an exclusive `flock` on
+//! `DIR/lock`; the others wait on the lock and reuse it. Without the
+//! variable (`cargo test` run directly) the directory is
+//! `target/test-base/KEY`, KEY a hash of the tandem binary, the guest files
+//! and the recipe, so a snapshot made by another binary or another guest is
+//! never restored; the directories of other keys are removed when a new base
+//! is made.
+//!
+//! Never here: traffic on the base's host side, or a second boot after a
+//! failed one in the same run (the failure is recorded and every later
+//! caller fails with it).
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::netns::NetNs;
+use crate::{ctl, guest_file, hex, tandem_bin, TestVm};
+
+/// The base guest's kernel command line.
+pub const CMDLINE: &str = "console=ttyS0 reboot=k panic=1 clocksource=kvm-clock \
+                           tandem.ip=192.0.2.2/24 tandem.ip1=198.51.100.2/24";
+/// eth0 (net0, `rsc=off`): MAC, guest address, the host side's address.
+pub const MAC0: &str = "52:54:00:00:00:a1";
+pub const GUEST_IP0: &str = "192.0.2.2";
+pub const HOST_IP0: &str = "192.0.2.1";
+/// eth1 (net1, `rsc=on`): MAC, guest address, the host side's address.
+pub const MAC1: &str = "52:54:00:00:00:b2";
+pub const GUEST_IP1: &str = "198.51.100.2";
+pub const HOST_IP1: &str = "198.51.100.1";
+/// The prefix length of both guest networks.
+pub const PREFIX: u8 = 24;
+/// The disk (vda): size, and the id the guest reads as its serial.
+pub const DISK_BYTES: u64 = 16 << 20;
+pub const DISK_ID: &str = "tandem-base";
+
+/// The `--net` options of net0 and net1 after `tap=NAME`: what a restore
+/// must repeat.
+const NET_OPTS: [&str; 2] = [
+    "mac=52:54:00:00:00:a1,rsc=off",
+    "mac=52:54:00:00:00:b2,rsc=on",
+];
+/// Everything that makes a base: part of the cache key.
+const RECIPE: &str = "v1 mem=128M cpus=1 net0 net1 disk=16M-ext4";
+
+/// The base snapshot and the disk as it was when the snapshot was taken.
+#[derive(Clone, Debug)]
+pub struct Base {
+    pub snapshot: PathBuf,
+    /// Never given to a VM: restores get a copy ([`TestVm::restore_base`]).
+    pub disk: PathBuf,
+}
+
+/// The base of this run, created by the first caller.
+pub fn base() -> Base {
+    // One creator per process; other processes wait on the file lock.
+    static BASE: Mutex<Option<Result<Base, String>>> = Mutex::new(None);
+    let mut slot = BASE.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_none() {
+        let dir = base_dir();
+        let r = std::panic::catch_unwind(|| shared_base(&dir.0, dir.1)).map_err(panic_text);
+        *slot = Some(r);
+    }
+    match slot.as_ref().unwrap() {
+        Ok(b) => b.clone(),
+        Err(e) => panic!("no base snapshot: {e}"),
+    }
+}
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "base creation panicked".into())
+}
+
+/// The base directory and whether it belongs to this run only (then a
+/// failure is recorded there for the run's later callers).
+fn base_dir() -> (PathBuf, bool) {
+    if let Some(d) = std::env::var_os("TANDEM_TEST_BASE") {
+        return (PathBuf::from(d), true);
+    }
+    let mut h = Sha256::new();
+    h.update(RECIPE);
+    h.update(CMDLINE);
+    for f in [
+        tandem_bin(),
+        guest_file("vmlinux"),
+        guest_file("initramfs.cpio"),
+    ] {
+        let mut file = File::open(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf).expect("read for the base key");
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    let key = hex(&h.finalize()[..8]);
+    (target_dir().join("test-base").join(key), false)
+}
+
+/// target/ (the parent of the profile directory holding tandem).
+fn target_dir() -> PathBuf {
+    let bin = tandem_bin();
+    bin.parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .to_path_buf()
+}
+
+/// An exclusive `flock` on `DIR/lock`, held while the file is open.
+struct DirLock {
+    _file: File,
+}
+
+impl DirLock {
+    fn take(dir: &Path, wait: bool) -> Option<DirLock> {
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("lock"))
+            .unwrap_or_else(|e| panic!("{}/lock: {e}", dir.display()));
+        let op = if wait {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_EX | libc::LOCK_NB
+        };
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        let r = unsafe { libc::flock(f.as_raw_fd(), op) };
+        if r == 0 {
+            Some(DirLock { _file: f })
+        } else if wait {
+            panic!(
+                "flock {}/lock: {}",
+                dir.display(),
+                std::io::Error::last_os_error()
+            );
+        } else {
+            None
+        }
+    }
+}
+
+fn shared_base(dir: &Path, per_run: bool) -> Base {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let _lock = DirLock::take(dir, true);
+    let b = Base {
+        snapshot: dir.join("base.snap"),
+        disk: dir.join("base.disk"),
+    };
+    let ready = dir.join("ready");
+    let failed = dir.join("failed");
+    if ready.exists() {
+        return b;
+    }
+    if per_run {
+        if let Ok(why) = std::fs::read_to_string(&failed) {
+            panic!("an earlier test of this run failed to create it: {why}");
+        }
+    }
+    let t = Instant::now();
+    match std::panic::catch_unwind(|| create(dir, &b)) {
+        Ok(()) => {
+            let secs = t.elapsed().as_secs_f64();
+            eprintln!("base snapshot created in {secs:.0} s: {}", dir.display());
+            std::fs::write(&ready, format!("created in {secs:.0} s\n")).expect("ready marker");
+            if !per_run {
+                prune_other_keys(dir);
+            }
+            b
+        }
+        Err(p) => {
+            let why = panic_text(p);
+            if per_run {
+                let _ = std::fs::write(&failed, &why);
+            }
+            panic!("{why}");
+        }
+    }
+}
+
+/// Removes the bases of other keys next to `dir` that nobody is using.
+fn prune_other_keys(dir: &Path) {
+    let Some(parent) = dir.parent() else { return };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p != dir && p.is_dir() && DirLock::take(&p, false).is_some() {
+            let _ = std::fs::remove_dir_all(&p);
+        }
+    }
+}
+
+/// Boots the base guest in a namespace of its own, snapshots it and ends it.
+fn create(dir: &Path, b: &Base) {
+    let snap_tmp = dir.join("base.snap.tmp");
+    for f in [&b.snapshot, &b.disk, &snap_tmp] {
+        let _ = std::fs::remove_file(f);
+    }
+    make_ext4(&b.disk);
+
+    let ns = NetNs::new("base");
+    ns.add_bare_tap("tap0");
+    ns.add_bare_tap("tap1");
+    let sock = dir.join("base.sock");
+    let kernel = guest_file("vmlinux");
+    let initrd = guest_file("initramfs.cpio");
+    let nets = ["tap0", "tap1"]
+        .iter()
+        .zip(NET_OPTS)
+        .map(|(t, o)| format!("tap={t},{o}"))
+        .collect::<Vec<_>>();
+    let disk = disk_arg(&b.disk);
+    let t = Instant::now();
+    let mut vm = TestVm::start_with(
+        ns.command(tandem_bin().to_str().unwrap()),
+        &[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--initrd",
+            initrd.to_str().unwrap(),
+            "--mem",
+            "128M",
+            "--cpus",
+            "1",
+            "--cmdline",
+            CMDLINE,
+            "--net",
+            &nets[0],
+            "--net",
+            &nets[1],
+            "--disk",
+            &disk,
+            "--api-sock",
+            sock.to_str().unwrap(),
+        ],
+    );
+    vm.wait_ready();
+    eprintln!("base guest booted in {:.0} s", t.elapsed().as_secs_f64());
+    let (code, p) = ctl(&sock, &["pause"]);
+    assert_eq!(code, 0, "pause the base guest: {p}");
+    let (code, s) = ctl(&sock, &["snapshot", b.snapshot.to_str().unwrap()]);
+    assert_eq!(code, 0, "snapshot the base guest: {s}\n{}", vm.stderr());
+    eprintln!("base snapshot: {} bytes, {} ms", s["file_bytes"], s["ms"]);
+    drop(vm); // SIGKILL: the disk is as it was at the snapshot.
+    let _ = std::fs::remove_file(&sock);
+}
+
+/// `path=FILE,id=DISK_ID`: the id is fixed (by default it is the file name,
+/// which differs between the base and a restore's copy).
+fn disk_arg(path: &Path) -> String {
+    format!("path={},id={DISK_ID}", path.display())
+}
+
+/// A [`DISK_BYTES`] ext4 image at `path`.
+fn make_ext4(path: &Path) {
+    let f = File::create(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.set_len(DISK_BYTES).expect("size the base disk");
+    drop(f);
+    let out = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("mkfs.ext4 ({e}): run resources/setup.sh (e2fsprogs)"));
+    assert!(
+        out.status.success(),
+        "mkfs.ext4 {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A unique scratch path in the temporary directory.
+fn scratch(what: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("tandem-{what}-{}-{n}", std::process::id()))
+}
+
+impl TestVm {
+    /// Continues the base guest ([`base`]) inside `ns`: eth0 on tap
+    /// `taps[0]`, eth1 on `taps[1]` (created if absent; the host side's
+    /// addresses are the test's: [`HOST_IP0`], [`HOST_IP1`]), the disk on
+    /// a copy of the base disk that is removed with the VM, and `extra`
+    /// arguments (e.g. `--api-sock`, `--metrics`). A tap may carry options
+    /// a restore may change: `"tap1,sndbuf=64K"`. Returns once the restored
+    /// shell answers.
+    pub fn restore_base(ns: &NetNs, taps: [&str; 2], extra: &[&str]) -> TestVm {
+        let b = base();
+        let copy = scratch("disk");
+        std::fs::copy(&b.disk, &copy)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", b.disk.display(), copy.display()));
+        let nets: Vec<String> = taps
+            .iter()
+            .zip(NET_OPTS)
+            .map(|(t, o)| format!("tap={t},{o}"))
+            .collect();
+        let disk = disk_arg(&copy);
+        let mut args = vec![
+            "--restore",
+            b.snapshot.to_str().expect("UTF-8 path"),
+            "--net",
+            &nets[0],
+            "--net",
+            &nets[1],
+            "--disk",
+            &disk,
+        ];
+        args.extend_from_slice(extra);
+        let t = Instant::now();
+        let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
+        vm.remove_on_drop(copy);
+        vm.ok("true", Duration::from_secs(120));
+        eprintln!(
+            "restored the base guest in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        vm
+    }
+}
