@@ -1,32 +1,18 @@
-//! The control API on a real guest (one boot): status, pause and resume
-//! (the console stops answering while paused and the guest clock does not
-//! see the pause), metrics, malformed requests answered with JSON errors
-//! while the VM keeps running, and shutdown.
+//! The control API on a real guest (the run's base snapshot, restored):
+//! status, pause and resume (the console stops answering while paused and
+//! the guest clock does not see the pause), metrics, malformed requests
+//! answered with JSON errors while the VM keeps running, and shutdown.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tandem_tests::{tandem_bin, TestVm};
+use tandem_tests::netns::NetNs;
+use tandem_tests::{ctl, TestVm};
 
 const CMD: Duration = Duration::from_secs(180);
-
-/// `tandem ctl --api-sock SOCK <verb...>`: (exit code, answer).
-fn ctl(sock: &Path, verb: &[&str]) -> (i32, Value) {
-    let out = Command::new(tandem_bin())
-        .arg("ctl")
-        .arg("--api-sock")
-        .arg(sock)
-        .args(verb)
-        .output()
-        .expect("run tandem ctl");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let answer = serde_json::from_str(&text).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), answer)
-}
 
 /// Sends raw lines on one connection and reads one answer per line.
 fn raw(sock: &Path, lines: &[&[u8]]) -> Vec<Value> {
@@ -56,15 +42,17 @@ fn guest_uptime(vm: &mut TestVm) -> f64 {
 #[test]
 fn control_api_pause_resume_metrics_shutdown() {
     let sock = std::env::temp_dir().join(format!("tandem-api-{}.sock", std::process::id()));
-    // kvm-clock, not the TSC: the guest's kvmclock is what tandem holds
-    // across a pause (the TSC of this host's guests runs on).
-    let mut vm = TestVm::start(&[
-        "--api-sock",
-        sock.to_str().unwrap(),
-        "--cmdline",
-        "console=ttyS0 reboot=k panic=1 clocksource=kvm-clock",
-    ]);
-    vm.wait_ready();
+    // The base guest keeps time with kvm-clock, not the TSC: the guest's
+    // kvmclock is what tandem holds across a pause (the TSC of this host's
+    // guests runs on).
+    let ns = NetNs::new("api");
+    ns.add_bare_tap("tap0");
+    ns.add_bare_tap("tap1");
+    let mut vm = TestVm::restore_base(
+        &ns,
+        ["tap0", "tap1"],
+        &["--api-sock", sock.to_str().unwrap()],
+    );
 
     let (code, st) = ctl(&sock, &["status"]);
     assert_eq!((code, &st["state"]), (0, &Value::from("running")), "{st}");

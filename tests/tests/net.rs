@@ -5,6 +5,8 @@
 //! the guest (TX waits, no drops, no memory growth) while the console and
 //! the other NIC stay responsive.
 //!
+//! The guest is the run's base snapshot, restored (`tandem_tests::base`:
+//! eth0 192.0.2.2/24 `rsc=off`, eth1 198.51.100.2/24 `rsc=on`).
 //! Topology: namespace A holds tap0 (192.0.2.1/24, the host side of eth0)
 //! and tap1, which is wired (tc mirred) to a veth whose egress is limited by
 //! `tbf` to 200 kbit/s; its peer is in namespace B with 198.51.100.1/24, the
@@ -15,8 +17,9 @@ use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use tandem_tests::base::{GUEST_IP0, GUEST_IP1, HOST_IP0, HOST_IP1, MAC0, MAC1, PREFIX};
 use tandem_tests::netns::NetNs;
-use tandem_tests::{hex, tandem_bin, TestVm};
+use tandem_tests::{hex, TestVm};
 
 const CMD: Duration = Duration::from_secs(180);
 const XFER: Duration = Duration::from_secs(900);
@@ -33,9 +36,9 @@ fn metrics(path: &std::path::Path) -> serde_json::Value {
 fn two_nics_ping_and_tcp_both_ways() {
     let ns = NetNs::new("net");
     let far = NetNs::new("netb");
-    ns.add_tap("tap0", "192.0.2.1/24");
+    ns.add_tap("tap0", &format!("{HOST_IP0}/{PREFIX}"));
     ns.add_bare_tap("tap1");
-    ns.add_veth("veth0", &far, "veth1", "198.51.100.1/24");
+    ns.add_veth("veth0", &far, "veth1", &format!("{HOST_IP1}/{PREFIX}"));
     ns.must(
         "tc",
         &[
@@ -45,37 +48,20 @@ fn two_nics_ping_and_tcp_both_ways() {
     );
     ns.wire("tap1", "veth0");
     let metrics_path = std::env::temp_dir().join(format!("tandem-net-{}.json", std::process::id()));
-    let mut cmd = ns.command(tandem_bin().to_str().unwrap());
-    cmd.env("RUST_LOG", "warn");
-    let mut vm = TestVm::start_with(
-        cmd,
-        &[
-            "--net",
-            "tap=tap0,mac=52:54:00:00:00:a1",
-            "--net",
-            "tap=tap1,mac=52:54:00:00:00:b2,sndbuf=64K",
-            "--metrics",
-            metrics_path.to_str().unwrap(),
-            "--cmdline",
-            "console=ttyS0 reboot=k panic=1 tandem.ip=192.0.2.2/24 tandem.ip1=198.51.100.2/24",
-        ],
+    let mut vm = TestVm::restore_base(
+        &ns,
+        ["tap0", "tap1,sndbuf=64K"],
+        &["--metrics", metrics_path.to_str().unwrap()],
     );
-    vm.wait_ready();
 
-    // Two NICs with the MACs asked for.
-    assert_eq!(
-        vm.ok("cat /sys/class/net/eth0/address", CMD),
-        "52:54:00:00:00:a1"
-    );
-    assert_eq!(
-        vm.ok("cat /sys/class/net/eth1/address", CMD),
-        "52:54:00:00:00:b2"
-    );
+    // Two NICs with the MACs the base asked for.
+    assert_eq!(vm.ok("cat /sys/class/net/eth0/address", CMD), MAC0);
+    assert_eq!(vm.ok("cat /sys/class/net/eth1/address", CMD), MAC1);
 
     // Ping both ways, on both NICs.
-    vm.ok("ping -c 2 -W 20 192.0.2.1", CMD);
-    vm.ok("ping -c 2 -W 20 198.51.100.1", CMD);
-    for (from, addr) in [(&ns, "192.0.2.2"), (&far, "198.51.100.2")] {
+    vm.ok(&format!("ping -c 2 -W 20 {HOST_IP0}"), CMD);
+    vm.ok(&format!("ping -c 2 -W 20 {HOST_IP1}"), CMD);
+    for (from, addr) in [(&ns, GUEST_IP0), (&far, GUEST_IP1)] {
         let out = from
             .command("ping")
             .args(["-c", "2", "-W", "20", addr])
@@ -97,7 +83,7 @@ fn two_nics_ping_and_tcp_both_ways() {
         ns.spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(120);
             let mut s = loop {
-                match TcpStream::connect("192.0.2.2:5001") {
+                match TcpStream::connect((GUEST_IP0, 5001)) {
                     Ok(s) => break s,
                     Err(e) if Instant::now() < deadline => {
                         let _ = e;
@@ -120,14 +106,14 @@ fn two_nics_ping_and_tcp_both_ways() {
 
     // TCP guest -> host, the same 8 MiB back.
     let listener = ns.spawn(|| {
-        let l = TcpListener::bind("192.0.2.1:5002").expect("bind");
+        let l = TcpListener::bind((HOST_IP0, 5002)).expect("bind");
         let (mut c, _) = l.accept().expect("accept");
         let mut got = Vec::new();
         c.read_to_end(&mut got).expect("receive from guest");
         got
     });
     std::thread::sleep(Duration::from_millis(500));
-    vm.ok("nc 192.0.2.1 5002 </tmp/in >/dev/null", XFER);
+    vm.ok(&format!("nc {HOST_IP0} 5002 </tmp/in >/dev/null"), XFER);
     let back = listener.join().expect("listener");
     assert_eq!(back.len(), blob.len(), "guest->host length");
     assert_eq!(hex(&Sha256::digest(&back)), want, "guest->host bytes");
@@ -175,7 +161,7 @@ struct Received {
 /// Receives the flood in namespace B until it has been quiet for 10 s.
 fn receive_flood(far: &NetNs) -> std::thread::JoinHandle<Received> {
     let sock = far
-        .spawn(|| UdpSocket::bind("198.51.100.1:7000").expect("bind UDP"))
+        .spawn(|| UdpSocket::bind((HOST_IP1, 7000)).expect("bind UDP"))
         .join()
         .expect("bind thread");
     std::thread::spawn(move || {
@@ -220,7 +206,10 @@ fn udp_flood(vm: &mut TestVm, ns: &NetNs, far: &NetNs, metrics_path: &std::path:
     const GUEST_KIB: u64 = 128 << 10;
     let before = metrics(metrics_path)["net"][1]["counters"].clone();
     let receiver = receive_flood(far);
-    vm.ok("udpflood 198.51.100.1 7000 30 1400 >/tmp/flood 2>&1 &", CMD);
+    vm.ok(
+        &format!("udpflood {HOST_IP1} 7000 30 1400 >/tmp/flood 2>&1 &"),
+        CMD,
+    );
     let flood_start = Instant::now();
     std::thread::sleep(Duration::from_secs(5));
     let mem_start = vm.vmm_overhead_kib(GUEST_KIB);
@@ -235,7 +224,7 @@ fn udp_flood(vm: &mut TestVm, ns: &NetNs, far: &NetNs, metrics_path: &std::path:
     // The other NIC answers every ping.
     let out = ns
         .command("ping")
-        .args(["-c", "5", "-W", "20", "192.0.2.2"])
+        .args(["-c", "5", "-W", "20", GUEST_IP0])
         .output()
         .unwrap();
     let ping = String::from_utf8_lossy(&out.stdout).to_string();

@@ -1,6 +1,7 @@
-//! Receive segment coalescing with a real Linux guest: one guest, two NICs
-//! on taps in a network namespace the test creates, eth0 with `rsc=on` and
-//! eth1 with `rsc=off`. The same 2 MiB TCP stream goes host -> guest through
+//! Receive segment coalescing with a real Linux guest: one guest (the run's
+//! base snapshot, restored), two NICs on taps in a network namespace the
+//! test creates, eth0 with `rsc=off` and eth1 with `rsc=on` (as the base
+//! has them). The same 2 MiB TCP stream goes host -> guest through
 //! each; the guest's sha256 must equal the host's on both, the rsc=on NIC
 //! must have coalesced (fewer packets to the guest than frames read from the
 //! tap) and the rsc=off NIC must show no RSC at all; neither may drop.
@@ -19,8 +20,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use tandem_tests::base::{GUEST_IP0, GUEST_IP1, HOST_IP0, HOST_IP1, PREFIX};
 use tandem_tests::netns::NetNs;
-use tandem_tests::{hex, tandem_bin, TestVm};
+use tandem_tests::{hex, TestVm};
 
 const CMD: Duration = Duration::from_secs(180);
 const XFER: Duration = Duration::from_secs(900);
@@ -28,6 +30,9 @@ const LEN: usize = 2 << 20;
 /// Most frames the receive path may hold for a guest without buffers
 /// (`devices::virtio::net::rx_pump::MAX_HELD`).
 const MAX_HELD: u64 = 2 * 32 + 2;
+/// The base's NICs by `--net` index (= the metrics' `net` index).
+const RSC_OFF: usize = 0;
+const RSC_ON: usize = 1;
 
 fn data(len: usize) -> Vec<u8> {
     tandem_tests::pseudo_random(len, 0x2545_f491_4f6c_dd1d)
@@ -106,33 +111,22 @@ fn send(ns: &NetNs, vm: &mut TestVm, addr: &'static str, port: u16, blob: &[u8])
 #[test]
 fn rsc_on_coalesces_rsc_off_does_not_and_both_deliver_every_byte() {
     let ns = NetNs::new("rsc");
-    ns.add_tap("tap0", "203.0.113.1/24");
-    ns.add_tap("tap1", "198.51.100.1/24");
+    ns.add_tap("tap0", &format!("{HOST_IP0}/{PREFIX}"));
+    ns.add_tap("tap1", &format!("{HOST_IP1}/{PREFIX}"));
     let metrics_path = std::env::temp_dir().join(format!("tandem-rsc-{}.json", std::process::id()));
-    let mut cmd = ns.command(tandem_bin().to_str().unwrap());
-    cmd.env("RUST_LOG", "warn");
-    let mut vm = TestVm::start_with(
-        cmd,
-        &[
-            "--net",
-            "tap=tap0,rsc=on",
-            "--net",
-            "tap=tap1,rsc=off",
-            "--metrics",
-            metrics_path.to_str().unwrap(),
-            "--cmdline",
-            "console=ttyS0 reboot=k panic=1 tandem.ip=203.0.113.2/24 tandem.ip1=198.51.100.2/24",
-        ],
+    let mut vm = TestVm::restore_base(
+        &ns,
+        ["tap0", "tap1"],
+        &["--metrics", metrics_path.to_str().unwrap()],
     );
-    vm.wait_ready();
-    // The guest has activated both NICs (tap offloads set): now turn
-    // host-side segmentation off.
+    // The restored devices run (tap offloads set): now turn host-side
+    // segmentation off.
     segmentation_off(&ns, "tap0");
     segmentation_off(&ns, "tap1");
 
     let blob = data(LEN);
-    let on = send(&ns, &mut vm, "203.0.113.2", 5001, &blob);
-    let off = send(&ns, &mut vm, "198.51.100.2", 5002, &blob);
+    let on = send(&ns, &mut vm, GUEST_IP1, 5001, &blob);
+    let off = send(&ns, &mut vm, GUEST_IP0, 5002, &blob);
     let mbit = |s: f64| LEN as f64 * 8.0 / 1e6 / s;
     eprintln!(
         "2 MiB host->guest: rsc=on {on:.1} s ({:.2} Mbit/s), rsc=off {off:.1} s ({:.2} Mbit/s)",
@@ -154,18 +148,18 @@ fn rsc_on_coalesces_rsc_off_does_not_and_both_deliver_every_byte() {
         );
     }
 
-    // eth0, rsc=on: segments came in one by one and left coalesced.
-    let c = &m["net"][0]["counters"];
-    let rsc = &m["net"][0]["rsc"];
+    // eth1, rsc=on: segments came in one by one and left coalesced.
+    let c = &m["net"][RSC_ON]["counters"];
+    let rsc = &m["net"][RSC_ON]["rsc"];
     let read = rsc["received"].as_u64().unwrap();
     let to_guest = c["rx_packets"].as_u64().unwrap();
     assert!(
         read >= (LEN / 1460) as u64,
-        "MSS-sized segments read from tap0: {m}"
+        "MSS-sized segments read from tap1: {m}"
     );
     assert_eq!(
         rsc["pass"]["already_gso"], 0,
-        "tap0 handed over GSO frames: segmentation offload still on? {m}"
+        "tap1 handed over GSO frames: segmentation offload still on? {m}"
     );
     assert!(rsc["coalesced"].as_u64().unwrap() > 0, "{m}");
     assert!(rsc["coalesced_frames"].as_u64().unwrap() > 0, "{m}");
@@ -180,10 +174,10 @@ fn rsc_on_coalesces_rsc_off_does_not_and_both_deliver_every_byte() {
     );
     assert!(c["rx_held_max"].as_u64().unwrap() <= MAX_HELD, "{m}");
 
-    // eth1, rsc=off: no engine, one packet per frame read, never more than
+    // eth0, rsc=off: no engine, one packet per frame read, never more than
     // one frame held.
-    assert!(m["net"][1]["rsc"].is_null(), "{m}");
-    let c1 = &m["net"][1]["counters"];
+    assert!(m["net"][RSC_OFF]["rsc"].is_null(), "{m}");
+    let c1 = &m["net"][RSC_OFF]["counters"];
     assert!(
         c1["rx_packets"].as_u64().unwrap() >= (LEN / 1460) as u64,
         "{m}"
