@@ -487,10 +487,10 @@ def run_size(args, mem, tmp):
 def report(args, sizes, results):
     t_name, q_name = Tandem.name, Qemu.name
     print(f"\nSnapshot benchmark: 1 vCPU, console only, {args.data_mib} MiB of data written "
-          f"in the guest before the snapshot, {args.runs} runs, same kernel/initramfs/cmdline "
+          f"in the guest before the snapshot, {args.runs} run(s), same kernel/initramfs/cmdline "
           f"(tandem boots the ELF vmlinux, QEMU its bzImage); QEMU: migrate to exec:cat + sync, "
           f"-incoming exec:cat + cont")
-    print(f"{'MiB':>5} {'figure':<24} {'tandem min':>11} {'tandem med':>11} "
+    print(f"{'MiB':>5} {'figure':<28} {'tandem min':>11} {'tandem med':>11} "
           f"{'QEMU min':>11} {'QEMU med':>11} {'ratio t/Q':>10}")
     summary = {"bench": "snapshot", "runs": args.runs, "data_mib": args.data_mib, "sizes": {}}
     for mem in sizes:
@@ -501,11 +501,11 @@ def report(args, sizes, results):
             tmin, tmed = mm(t[key]) if t else (None, None)
             qmin, qmed = mm(q[key]) if q else (None, None)
             ratio = f"{tmed / qmed:.2f}x" if tmed is not None and qmed else "-"
-            print(f"{mem:>5} {label + ' (' + unit + ')':<24} {fmt(tmin):>11} {fmt(tmed):>11} "
+            print(f"{mem:>5} {label + ' (' + unit + ')':<28} {fmt(tmin):>11} {fmt(tmed):>11} "
                   f"{fmt(qmin):>11} {fmt(qmed):>11} {ratio:>10}")
             summary["sizes"][str(mem)][key] = {
-                "tandem": {"min": tmin, "median": tmed},
-                "qemu": {"min": qmin, "median": qmed},
+                "tandem": {"min": tmin, "median": tmed, "values": t[key] if t else []},
+                "qemu": {"min": qmin, "median": qmed, "values": q[key] if q else []},
             }
         for name, rr in ((t_name, t), (q_name, q)):
             if rr is None:
