@@ -11,8 +11,9 @@
 # shell answers on the console), each restore checked by the file's
 # checksum inside the guest. Min/median of N runs (default 3), the ratio
 # tandem/QEMU, and a JSON line. Snapshot files go to a temporary directory
-# (--tmpdir; a 1 GiB guest's files are small: zero pages are not written)
-# that is removed at the end. Boots guests: run it under the guest lock.
+# (--tmpdir; files hold the guest's non-zero pages, ~50-70 MiB here) that is
+# removed at the end; VMMs are killed on every exit path. It boots guests
+# (tandem: minutes each on this host): run it under the guest lock.
 # Usage: flock /tmp/tandem-guest.lock bench/snapshot.sh [--runs N] [--sizes 128,1024]
 #            [--data-mib M] [--tmpdir DIR]
 source "$(dirname "$0")/common.sh"
