@@ -15,6 +15,6 @@
 # removed at the end; VMMs are killed on every exit path. It boots guests
 # (tandem: minutes each on this host): run it under the guest lock.
 # Usage: flock /tmp/tandem-guest.lock bench/snapshot.sh [--runs N] [--sizes 128,1024]
-#            [--data-mib M] [--tmpdir DIR]
+#            [--data-mib M] [--tmpdir DIR] [--vmms tandem,qemu]
 source "$(dirname "$0")/common.sh"
 exec python3 bench/snapshot_measure.py "${guest_args[@]}" "$@"
