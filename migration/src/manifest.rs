@@ -64,6 +64,9 @@ pub enum DeviceConfig {
         /// The guest-visible MAC.
         #[serde(with = "mac")]
         mac: [u8; 6],
+        /// Receive segment coalescing (changes the features offered).
+        #[serde(default)]
+        rsc: bool,
         /// Where the guest finds it.
         slot: MmioSlot,
     },
@@ -75,6 +78,12 @@ pub enum DeviceConfig {
         path: String,
         /// Whether the guest sees it read-only.
         readonly: bool,
+        /// Its size in bytes, as the guest sees it (whole sectors).
+        #[serde(default)]
+        bytes: u64,
+        /// The id the guest reads (`/sys/block/vdX/serial`).
+        #[serde(default)]
+        serial: String,
         /// Where the guest finds it.
         slot: MmioSlot,
     },
@@ -191,16 +200,26 @@ fn compare_device(
             Net {
                 tap: st,
                 mac: sm,
+                rsc: sr,
                 slot: ss,
                 ..
             },
             Net {
                 tap: at,
                 mac: am,
+                rsc: ar,
                 slot: asl,
                 ..
             },
         ) => {
+            if sr != ar {
+                let on = |r: &bool| if *r { "on" } else { "off" };
+                errors.push(format!(
+                    "NIC {id}: snapshot has rsc={}, this VM asks for rsc={}",
+                    on(sr),
+                    on(ar)
+                ));
+            }
             if sm != am {
                 errors.push(format!(
                     "NIC {id}: snapshot has MAC {}, this VM asks for {}",
@@ -217,16 +236,32 @@ fn compare_device(
             Blk {
                 path: sp,
                 readonly: sr,
+                bytes: sb,
+                serial: sserial,
                 slot: ss,
                 ..
             },
             Blk {
                 path: ap,
                 readonly: ar,
+                bytes: ab,
+                serial: aserial,
                 slot: asl,
                 ..
             },
         ) => {
+            if sb != ab {
+                errors.push(format!(
+                    "disk {id}: snapshot has a disk of {}, {ap} is {}",
+                    size(*sb),
+                    size(*ab)
+                ));
+            }
+            if sserial != aserial {
+                errors.push(format!(
+                    "disk {id}: snapshot has id {sserial:?}, this VM asks for {aserial:?}"
+                ));
+            }
             if sr != ar {
                 let ro = |r: &bool| if *r { "read-only" } else { "read-write" };
                 errors.push(format!(

@@ -7,6 +7,7 @@ fn net(id: &str, tap: &str, mac_last: u8, base: u64) -> DeviceConfig {
         id: id.into(),
         tap: tap.into(),
         mac: [0x52, 0x54, 0, 0, 0, mac_last],
+        rsc: false,
         slot: MmioSlot {
             base,
             irq: 5 + ((base - 0xd000_0000) >> 12) as u32,
@@ -19,6 +20,8 @@ fn blk(id: &str, path: &str, readonly: bool) -> DeviceConfig {
         id: id.into(),
         path: path.into(),
         readonly,
+        bytes: 64 << 20,
+        serial: "data".into(),
         slot: MmioSlot {
             base: 0xd000_2000,
             irq: 7,
@@ -133,6 +136,39 @@ fn guest_visible_device_changes_are_refused() {
 }
 
 #[test]
+fn rsc_disk_size_and_disk_id_must_match() {
+    let mut requested = saved();
+    for d in &mut requested.devices {
+        match d {
+            DeviceConfig::Net { rsc, .. } => *rsc = true,
+            DeviceConfig::Blk { bytes, serial, .. } => {
+                *bytes = 32 << 20;
+                *serial = "other".into();
+            }
+            DeviceConfig::Serial { .. } => {}
+        }
+    }
+    assert_eq!(
+        problems(&requested),
+        [
+            "NIC eth0: snapshot has rsc=off, this VM asks for rsc=on",
+            "disk blk0: snapshot has a disk of 64 MiB, /srv/root.img is 32 MiB",
+            "disk blk0: snapshot has id \"data\", this VM asks for \"other\"",
+        ]
+    );
+}
+
+#[test]
+fn a_manifest_without_the_newer_device_fields_still_reads() {
+    let text = r#"{"mem_bytes":134217728,"vcpus":1,"devices":[
+        {"kind":"net","id":"net0","tap":"t","mac":"52:54:00:00:00:01","slot":{"base":1,"irq":5}},
+        {"kind":"blk","id":"blk0","path":"p","readonly":false,"slot":{"base":2,"irq":6}}]}"#;
+    let m: Manifest = serde_json::from_str(text).unwrap();
+    assert!(matches!(m.devices[0], DeviceConfig::Net { rsc: false, .. }));
+    assert!(matches!(m.devices[1], DeviceConfig::Blk { bytes: 0, .. }));
+}
+
+#[test]
 fn odd_memory_sizes_are_given_in_bytes() {
     let mut requested = saved();
     requested.mem_bytes += 4096;
@@ -145,7 +181,7 @@ fn odd_memory_sizes_are_given_in_bytes() {
 #[test]
 fn the_manifest_is_json_with_tagged_devices() {
     let text = serde_json::to_string(&saved()).unwrap();
-    assert!(text.contains(r#"{"kind":"net","id":"eth0","tap":"tap0","mac":"52:54:00:00:00:01","slot":{"base":3489660928,"irq":5}}"#), "{text}");
+    assert!(text.contains(r#"{"kind":"net","id":"eth0","tap":"tap0","mac":"52:54:00:00:00:01","rsc":false,"slot":{"base":3489660928,"irq":5}}"#), "{text}");
     let back: Manifest = serde_json::from_str(&text).unwrap();
     assert_eq!(back, saved());
 }

@@ -383,6 +383,7 @@ fn a_whole_snapshot_saves_and_restores() {
             id: "net0".into(),
             tap: "tap0".into(),
             mac: [2, 0, 0, 0, 0, 1],
+            rsc: true,
             slot: MmioSlot {
                 base: 0xd000_0000,
                 irq: 5,

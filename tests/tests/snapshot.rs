@@ -1,15 +1,22 @@
-//! Snapshot and restore of a real console-only guest (one boot): a counter
-//! loop and a file in tmpfs survive a snapshot, a SIGKILL of the VMM and a
-//! restore in a new process, twice from the same file; damaged, truncated
-//! and foreign files and a memory mismatch are refused before anything
-//! starts.
+//! Snapshot and restore of a real guest with a NIC and a disk (one boot):
+//! a counter loop, a file in tmpfs, files on an ext4 disk (synced and only
+//! in the page cache) and a TCP connection from the host survive a pause, a
+//! snapshot, a SIGKILL of the VMM and a restore in a new process on the same
+//! tap; the same file restores again (on a copy of the disk). Damaged,
+//! truncated and foreign files, a memory mismatch and a different device
+//! set are refused before anything starts.
 
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tandem_tests::{tandem_bin, tandem_output, TestVm};
+use sha2::{Digest, Sha256};
+use tandem_tests::netns::NetNs;
+use tandem_tests::{guest_file, hex, pseudo_random, tandem_bin, tandem_output, TestVm};
 
 const CMD: Duration = Duration::from_secs(180);
 
@@ -47,8 +54,12 @@ fn uptime(vm: &mut TestVm) -> f64 {
     number(vm, "cat /proc/uptime")
 }
 
+/// The guest's sha256sum output for the tmpfs file and the two disk files.
 fn sha(vm: &mut TestVm) -> String {
-    vm.ok("sha256sum /tmp/data", CMD)
+    let out = vm.ok("sha256sum /tmp/data /mnt/synced /mnt/cached", CMD);
+    ["/tmp/data", "/mnt/synced", "/mnt/cached"]
+        .map(|f| format!("{}  {f}", sum_of(&out, f)))
+        .join("\n")
 }
 
 /// Checks a restored guest: shell, file, counter going on, clock.
@@ -60,7 +71,7 @@ fn check_restored(vm: &mut TestVm, at_snapshot: u64, up_snapshot: f64, data_sha:
         up >= up_snapshot && up < up_snapshot + 300.0,
         "guest uptime {up} s after restore, {up_snapshot} s before the snapshot"
     );
-    assert_eq!(sha(vm), data_sha, "file changed across the restore");
+    assert_eq!(sha(vm), data_sha, "files changed across the restore");
     // The loop ticks about once a second of guest time.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -96,12 +107,91 @@ fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tandem-snap-{}-{name}", std::process::id()))
 }
 
+/// The disk file written without a sync: what the guest's shell produces.
+fn cached_text() -> String {
+    (0..200).map(|i| format!("cached line {i}\n")).collect()
+}
+
+const MAC: &str = "52:54:00:00:00:21";
+const PART: usize = 96 * 1024;
+
+/// `tandem run --restore` in `ns` with the snapshot's NIC (on tap0) and
+/// disk `disk`, synced with its shell.
+fn restore_in(ns: &NetNs, file: &Path, disk: &Path, sock: Option<&Path>) -> TestVm {
+    let net = format!("tap=tap0,mac={MAC}");
+    let disk = format!("path={}", disk.display());
+    let mut args = vec![
+        "--restore",
+        file.to_str().unwrap(),
+        "--net",
+        &net,
+        "--disk",
+        &disk,
+    ];
+    if let Some(s) = sock {
+        args.extend(["--api-sock", s.to_str().unwrap()]);
+    }
+    let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
+    vm.ok("true", Duration::from_secs(120));
+    vm
+}
+
+/// The checksum in `sha256sum` output for `name` (the shell may print a
+/// finished job's line and a prompt first).
+fn sum_of(out: &str, name: &str) -> String {
+    out.lines()
+        .find_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [.., sum, file]
+                if file == name
+                    && sum.len() == 64
+                    && sum.chars().all(|c| c.is_ascii_hexdigit()) =>
+            {
+                Some(sum.to_string())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no sum for {name} in: {out}"))
+}
+
 #[test]
 fn snapshot_restore_twice_and_refusals() {
     let t0 = Instant::now();
+    let ns = NetNs::new("snap");
+    ns.add_tap("tap0", "192.0.2.1/24");
     let sock = scratch("a.sock");
     let file = scratch("vm.snap");
-    let mut vm = TestVm::boot_default(&["--api-sock", sock.to_str().unwrap()]);
+    let disk = scratch("disk.img");
+    let disk_at_snapshot = scratch("disk-at-snapshot.img");
+    std::fs::write(&disk, vec![0u8; 16 << 20]).unwrap();
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-q", "-F", disk.to_str().unwrap()])
+        .output()
+        .expect("mkfs.ext4 (install e2fsprogs)");
+    assert!(mkfs.status.success(), "{mkfs:?}");
+
+    let (kernel, initrd) = (guest_file("vmlinux"), guest_file("initramfs.cpio"));
+    let net = format!("tap=tap0,mac={MAC}");
+    let disk_arg = format!("path={},id=data", disk.display());
+    let mut vm = TestVm::start_with(
+        ns.command(tandem_bin().to_str().unwrap()),
+        &[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--initrd",
+            initrd.to_str().unwrap(),
+            "--mem",
+            "128M",
+            "--net",
+            &net,
+            "--disk",
+            &disk_arg,
+            "--api-sock",
+            sock.to_str().unwrap(),
+            "--cmdline",
+            "console=ttyS0 reboot=k panic=1 tandem.ip=192.0.2.2/24",
+        ],
+    );
+    vm.wait_ready();
     eprintln!("booted in {:.0} s", t0.elapsed().as_secs_f64());
 
     vm.ok("mkfifo /tmp/tick && exec 3<>/tmp/tick", CMD);
@@ -109,18 +199,72 @@ fn snapshot_restore_twice_and_refusals() {
         "(i=0; while :; do i=$((i+1)); echo $i >/tmp/count; read -t 1 x <&3; done) &",
         CMD,
     );
-    // A file with known content, written by the shell alone.
+    // Files with known content, written by the shell alone: one in tmpfs,
+    // one on the disk and synced, one on the disk left in the page cache.
     vm.ok(
         "i=0; while [ $i -lt 300 ]; do echo \"line $i of the tandem snapshot test\"; i=$((i+1)); done >/tmp/data",
         CMD,
     );
+    vm.ok(
+        "mount -t ext4 /dev/vda /mnt && cp /tmp/data /mnt/synced && sync",
+        CMD,
+    );
+    vm.ok(
+        "i=0; while [ $i -lt 200 ]; do echo \"cached line $i\"; i=$((i+1)); done >/mnt/cached",
+        CMD,
+    );
     let data_sha = sha(&mut vm);
+    assert_eq!(
+        sum_of(&data_sha, "/mnt/cached"),
+        hex(&Sha256::digest(cached_text().as_bytes()))
+    );
+
+    // A TCP connection from the host, open across the snapshot: the first
+    // part arrives before it, the second is sent while no VM runs.
+    let part1 = pseudo_random(PART, 0x5eed_0001);
+    let part2 = pseudo_random(PART, 0x5eed_0002);
+    let want_rx = {
+        let mut h = Sha256::new();
+        h.update(&part1);
+        h.update(&part2);
+        hex(&h.finalize())
+    };
+    vm.ok("nc -l -p 7000 </dev/null >/tmp/rx &", CMD);
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let sender = {
+        let (p1, p2) = (part1.clone(), part2.clone());
+        ns.spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let mut s = loop {
+                match TcpStream::connect("192.0.2.2:7000") {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(500))
+                    }
+                    Err(e) => panic!("connect to guest: {e}"),
+                }
+            };
+            s.write_all(&p1).expect("send part 1");
+            go_rx.recv().expect("go for part 2");
+            s.write_all(&p2).expect("send part 2 (across the restore)");
+            s.shutdown(Shutdown::Write).expect("shutdown");
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    // The background job may not have opened /tmp/rx yet.
+    while vm.ok("wc -c </tmp/rx 2>/dev/null || echo 0", CMD).trim() != PART.to_string() {
+        assert!(Instant::now() < deadline, "part 1 did not arrive");
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let before = count(&mut vm);
     let up_before = uptime(&mut vm);
 
+    // Pause, snapshot, kill: the snapshot is the VM's last state.
+    let (code, answer) = ctl(&sock, &["pause"]);
+    assert_eq!(code, 0, "{answer}");
     let (code, answer) = ctl(&sock, &["snapshot", file.to_str().unwrap()]);
     assert_eq!(code, 0, "{answer}");
-    assert_eq!(answer["state"], "running", "{answer}");
+    assert_eq!(answer["state"], "paused", "{answer}");
     eprintln!(
         "snapshot: {} bytes in the file, {} bytes of memory, {:.0} ms",
         answer["file_bytes"], answer["memory_bytes"], answer["ms"]
@@ -131,17 +275,30 @@ fn snapshot_restore_twice_and_refusals() {
         !scratch("vm.snap.tmp").exists(),
         "temporary file left behind"
     );
-    // The source goes on after the snapshot.
-    let after = count(&mut vm);
-    assert!(after >= before);
     drop(vm); // SIGKILL
+    std::fs::copy(&disk, &disk_at_snapshot).unwrap();
+    go_tx.send(()).unwrap();
 
+    // Restore on the same tap and disk: the connection goes on.
     let t1 = Instant::now();
     let sock_b = scratch("b.sock");
-    let mut vm = TestVm::restore(&file, &["--api-sock", sock_b.to_str().unwrap()]);
+    let mut vm = restore_in(&ns, &file, &disk, Some(&sock_b));
     eprintln!(
         "first restore answered in {:.1} s",
         t1.elapsed().as_secs_f64()
+    );
+    sender.join().expect("sender");
+    // nc ends at the EOF that follows part 2 (the counter loop is a job too).
+    vm.ok("wait $!", Duration::from_secs(300));
+    let rx = vm.ok("sha256sum /tmp/rx", CMD);
+    assert_eq!(
+        sum_of(&rx, "/tmp/rx"),
+        want_rx,
+        "TCP bytes across the restore"
+    );
+    eprintln!(
+        "TCP: {} bytes before and {} after the snapshot arrived intact",
+        PART, PART
     );
     check_restored(&mut vm, before, up_before, &data_sha);
     let (code, st) = ctl(&sock_b, &["status"]);
@@ -157,17 +314,30 @@ fn snapshot_restore_twice_and_refusals() {
     );
     assert_eq!(ctl(&sock_b, &["status"]).1["state"], "paused");
     assert_eq!(ctl(&sock_b, &["resume"]).0, 0);
-    vm.ok("true", CMD);
+    // The restored guest writes its page cache back: the file is on disk.
+    vm.ok("umount /mnt", CMD);
     drop(vm);
+    let out = Command::new("debugfs")
+        .args(["-R", "cat /cached", disk.to_str().unwrap()])
+        .output()
+        .expect("debugfs");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        cached_text(),
+        "the unsynced file reached the disk after restore"
+    );
 
-    // The same file again: a snapshot is reusable.
+    // The same file again, on a copy of the disk as it was at the snapshot
+    // (another path: allowed) and without naming the disk id (the
+    // snapshot's is kept).
     let t2 = Instant::now();
-    let mut vm = TestVm::restore(&file, &[]);
+    let mut vm = restore_in(&ns, &file, &disk_at_snapshot, None);
     eprintln!(
         "second restore answered in {:.1} s",
         t2.elapsed().as_secs_f64()
     );
     check_restored(&mut vm, before, up_before, &data_sha);
+    assert_eq!(vm.ok("cat /sys/block/vda/serial", CMD), "data");
     drop(vm);
 
     // Files that must be refused, with nothing started.
@@ -184,11 +354,55 @@ fn snapshot_restore_twice_and_refusals() {
     let foreign = scratch("foreign.snap");
     std::fs::write(&foreign, b"#!/bin/sh\necho this is not a snapshot\n").unwrap();
     refused(&foreign, &[], "not a tandem snapshot");
-    refused(&file, &["--mem", "256M"], "snapshot has 128 MiB of memory");
-    refused(&file, &["--cpus", "2"], "snapshot has 1 vCPU");
+    let same_disk = format!("path={}", disk_at_snapshot.display());
+    let devices = ["--net", &net, "--disk", &same_disk];
+    let with = |extra: &[&'static str]| -> Vec<String> {
+        devices
+            .iter()
+            .map(|s| s.to_string())
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect()
+    };
+    let refused_with = |extra: &[&'static str], expect: &str| {
+        let args = with(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        refused(&file, &args, expect);
+    };
+    refused_with(&["--mem", "256M"], "snapshot has 128 MiB of memory");
+    refused_with(&["--cpus", "2"], "snapshot has 1 vCPU");
+    refused(&file, &[], "snapshot has NIC net0 on tap0; none given");
+    let rsc_net = format!("{net},rsc=on");
+    refused(
+        &file,
+        &["--net", &rsc_net, "--disk", &same_disk],
+        "NIC net0: snapshot has rsc=off, this VM asks for rsc=on",
+    );
+    let small = scratch("small.img");
+    std::fs::write(&small, vec![0u8; 8 << 20]).unwrap();
+    let small_disk = format!("path={}", small.display());
+    refused(
+        &file,
+        &["--net", &net, "--disk", &small_disk],
+        "disk blk0: snapshot has a disk of 16 MiB",
+    );
+    let ro_disk = format!("{same_disk},readonly=on");
+    refused(
+        &file,
+        &["--net", &net, "--disk", &ro_disk],
+        "disk blk0: snapshot has it read-write, this VM asks for read-only",
+    );
     refused(&scratch("missing.snap"), &[], "cannot open snapshot");
 
-    for f in [&file, &file2, &damaged, &truncated, &foreign] {
+    for f in [
+        &file,
+        &file2,
+        &damaged,
+        &truncated,
+        &foreign,
+        &disk,
+        &disk_at_snapshot,
+        &small,
+    ] {
         let _ = std::fs::remove_file(f);
     }
     eprintln!("whole test: {:.0} s", t0.elapsed().as_secs_f64());

@@ -22,7 +22,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::api::Control;
 use crate::exit::{ExitSignal, VmExit};
 use crate::pause::{self, Gate};
-use crate::snapshot::{self, SaveReport, SaveState};
+use crate::snapshot::{self, SaveReport, SaveState, VirtioPart};
 use crate::vcpu::VcpuRequest;
 
 /// How long a parked vCPU may take to hand over its state.
@@ -39,8 +39,10 @@ pub struct SnapshotParts {
     pub vcpus: Vec<Sender<VcpuRequest>>,
     /// The MSRs saved for each vCPU (see `vcpu_state.rs`).
     pub msr_indices: Arc<Vec<u32>>,
-    /// Virtio devices attached: a snapshot of them is not supported yet.
-    pub virtio_devices: usize,
+    /// What the VM is (memory, vCPUs, devices).
+    pub manifest: migration::Manifest,
+    /// The virtio devices, in manifest order.
+    pub devices: Vec<VirtioPart>,
 }
 
 /// Produces the device counters as JSON.
@@ -128,11 +130,17 @@ impl VmControl {
                 .map_err(|_| format!("vCPU {id} did not hand over its state"))??;
             vcpus.push(state);
         }
+        let devices = parts
+            .devices
+            .iter()
+            .map(|d| Ok((d.id.clone(), d.save()?)))
+            .collect::<Result<Vec<_>, String>>()?;
         let state = SaveState {
-            manifest: snapshot::manifest(self.mem_bytes, u32::from(self.cpus)),
+            manifest: parts.manifest.clone(),
             vm,
             vcpus,
             serial: (parts.serial)(),
+            devices,
         };
         snapshot::save(path, &state, &parts.mem).map_err(|e| e.to_string())
     }
@@ -217,12 +225,6 @@ impl Control for VmControl {
 
 impl VmControl {
     fn snapshot_with(&mut self, parts: &SnapshotParts, path: &Path) -> Result<Value, String> {
-        if parts.virtio_devices > 0 {
-            return Err(format!(
-                "snapshot of virtio devices is not supported yet (this VM has {})",
-                parts.virtio_devices
-            ));
-        }
         let start = Instant::now();
         let was_running = !self.paused();
         if was_running {

@@ -68,7 +68,8 @@ enum Verb {
     /// End the VM (tandem exits with status 0).
     Shutdown,
     /// Write the whole VM to PATH (pausing it meanwhile if it runs); continue
-    /// it later with `tandem run --restore PATH`. Not for VMs with --net.
+    /// it later with `tandem run --restore PATH`. Disk contents are not in
+    /// the file: keep the images as they are (or copy them) for the restore.
     Snapshot {
         /// The snapshot file to write.
         path: PathBuf,
@@ -133,9 +134,12 @@ struct RunArgs {
           value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
     cpus: Option<u8>,
     /// Continue the VM saved in FILE (by `tandem ctl ... snapshot FILE`)
-    /// instead of booting a kernel. The whole file is verified first; a
-    /// --mem or --cpus different from the snapshot's is refused. VMs with
-    /// --net cannot be snapshotted or restored yet.
+    /// instead of booting a kernel. The whole file is verified first. Give
+    /// the snapshot's devices again, in the same order: --net with the same
+    /// MAC and rsc (the tap may differ), --disk with the same readonly flag,
+    /// size and id, on the image as it was at the snapshot (the path may
+    /// differ). Any other --mem, --cpus or device set is refused, saying
+    /// what differs.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline"])]
     restore: Option<PathBuf>,
 }
@@ -242,12 +246,8 @@ fn main() -> ExitCode {
 
 /// `tandem run --restore FILE`: verify everything, then build and run.
 fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
-    if !args.nets.is_empty() || !args.disks.is_empty() {
-        return fail(
-            "--restore: snapshot of virtio devices is not supported yet (no --net or --disk)",
-        );
-    }
-    let snap = match vmm::snapshot::load(path, args.mem, args.cpus) {
+    let mut disks = args.disks;
+    let snap = match vmm::snapshot::load(path, args.mem, args.cpus, &args.nets, &mut disks) {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
@@ -261,8 +261,8 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         cmdline: String::new(),
         mem_bytes: snap.manifest.mem_bytes,
         cpus,
-        nets: Vec::new(),
-        disks: Vec::new(),
+        nets: args.nets,
+        disks,
         metrics: args.metrics,
         api_sock: args.api_sock,
     };

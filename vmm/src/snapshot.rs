@@ -1,43 +1,54 @@
-//! Snapshot files of a whole VM (console-only guests for now): what is
-//! saved and in which order, and every check a restore makes before it
-//! creates anything.
+//! Snapshot files of a whole VM: what is saved and in which order, and
+//! every check a restore makes before it creates anything.
 //!
 //! Save (VMM thread, VM paused; vCPU states come from the parked vCPU
 //! threads, see `vcpu.rs`): manifest, `vm` (PIC master/slave, IOAPIC,
 //! PIT2, the guest clock as it was at the pause), `vcpu.N`, `dev.com1`
-//! (the serial UART), then guest memory without its zero pages. The file
-//! is written to `F.tmp`, fsynced and renamed to `F`, so `F` is never a
+//! (the serial UART), `dev.netN` and `dev.blkN` (each virtio-mmio
+//! transport with its queues where the device had got to, and the device's
+//! own facts), then guest memory without its zero pages. The file is
+//! written to `F.tmp`, fsynced and renamed to `F`, so `F` is never a
 //! half-written file.
 //!
 //! Restore: [`load`] verifies the whole file (CRC, structure), checks the
-//! manifest against what is asked for, converts every state section and
-//! validates the memory image against the VM's layout, all before a VM
-//! exists; `vm.rs` then builds the VM from the [`Restore`] it returns.
-//! Virtio devices are not saved yet: a VM with any refuses to snapshot.
+//! manifest against what is asked for (memory, vCPUs, and the devices:
+//! kind, order, MAC, rsc, read-only flag, disk size and id; the tap and
+//! the disk path may change), converts every state section and validates
+//! the memory image against the VM's layout, all before a VM exists;
+//! `vm.rs` then builds the VM from the [`Restore`] it returns and puts each
+//! transport back before any vCPU runs.
+//!
+//! Not in the file: the contents of disks (the restore must be given the
+//! image as it was at the snapshot, as with any VMM), and frames the VMM
+//! held between the tap and the guest (RSC or a guest without buffers):
+//! the restored guest sees those as lost on the wire.
 
 use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
+use devices::virtio::mmio::MmioTransport;
 use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
 use kvm_ioctls::VmFd;
-use migration::devices::{DeviceState, SerialState};
+use migration::devices::{BlkState, DeviceState, MmioTransportState, NetState, SerialState};
 use migration::kvm::{KvmStateError, KvmVcpuState, KvmVmState};
+use migration::manifest::MmioSlot;
 use migration::memory::ImageStats;
 use migration::vcpu::VcpuState;
 use migration::vm::VmState;
 use migration::{
     check_compatible, section, CompatError, DeviceConfig, FormatError, Manifest, MemoryError,
-    SnapshotReader, SnapshotWriter,
+    SnapshotReader, SnapshotWriter, Snapshottable,
 };
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
 };
 
 use crate::boot::layout;
-use crate::config;
+use crate::config::{self, DiskSpec, NetSpec};
 
 /// The id of the serial console in the manifest and its section.
 pub const SERIAL_ID: &str = "com1";
@@ -70,21 +81,106 @@ pub enum SnapshotError {
         what: &'static str,
         err: kvm_ioctls::Error,
     },
+    #[error("{0}")]
+    Request(String),
 }
 
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> SnapshotError {
     move |err| SnapshotError::Kvm { what, err }
 }
 
-/// The manifest of a console-only VM.
-pub fn manifest(mem_bytes: u64, cpus: u32) -> Manifest {
+/// The manifest of a VM: the serial console, then `virtio` (see
+/// [`virtio_devices`]).
+pub fn manifest(mem_bytes: u64, cpus: u32, virtio: Vec<DeviceConfig>) -> Manifest {
+    let mut devices = vec![DeviceConfig::Serial {
+        id: SERIAL_ID.to_string(),
+    }];
+    devices.extend(virtio);
     Manifest {
         tandem_version: env!("CARGO_PKG_VERSION").to_string(),
         mem_bytes,
         vcpus: cpus,
-        devices: vec![DeviceConfig::Serial {
-            id: SERIAL_ID.to_string(),
-        }],
+        devices,
+    }
+}
+
+/// The guest-visible facts of the virtio devices `nets` and `disks` would
+/// give, in bus order: `net0`, `net1`, ..., then `blk0`, `blk1`, ...
+/// (each disk's size is read from its file).
+pub fn virtio_devices(nets: &[NetSpec], disks: &[DiskSpec]) -> Result<Vec<DeviceConfig>, String> {
+    let mut out = Vec::with_capacity(nets.len() + disks.len());
+    for (i, n) in nets.iter().enumerate() {
+        let (base, irq) = crate::vm::virtio_slot(i).map_err(|e| e.to_string())?;
+        out.push(DeviceConfig::Net {
+            id: format!("net{i}"),
+            tap: n.tap.clone(),
+            mac: n.mac.unwrap_or_else(|| config::default_mac(i)),
+            rsc: n.rsc,
+            slot: MmioSlot { base, irq },
+        });
+    }
+    for (j, d) in disks.iter().enumerate() {
+        let (base, irq) = crate::vm::virtio_slot(nets.len() + j).map_err(|e| e.to_string())?;
+        let len = std::fs::metadata(&d.path)
+            .map_err(|e| format!("--disk: {}: {e}", d.path.display()))?
+            .len();
+        out.push(DeviceConfig::Blk {
+            id: format!("blk{j}"),
+            path: d.path.display().to_string(),
+            readonly: d.readonly,
+            bytes: len / 512 * 512,
+            serial: d
+                .id
+                .clone()
+                .unwrap_or_else(|| config::default_disk_id(&d.path)),
+            slot: MmioSlot { base, irq },
+        });
+    }
+    Ok(out)
+}
+
+/// A virtio device as a snapshot sees it: its transport and its facts.
+pub struct VirtioPart {
+    /// Its id in the manifest (`net0`, `blk0`, ...).
+    pub id: String,
+    pub transport: Arc<Mutex<MmioTransport>>,
+    pub config: DeviceConfig,
+}
+
+impl VirtioPart {
+    /// The device's state (the VM must be paused).
+    pub fn save(&self) -> Result<DeviceState, String> {
+        let transport = devices::bus::lock(&self.transport)
+            .save()
+            .map_err(|e| format!("{}: {e}", self.id))?;
+        let acked_features = transport.acked_features;
+        Ok(match &self.config {
+            DeviceConfig::Net { tap, mac, .. } => DeviceState::VirtioNet {
+                transport,
+                net: NetState {
+                    mac: *mac,
+                    acked_features,
+                    tap: tap.clone(),
+                },
+            },
+            DeviceConfig::Blk {
+                path,
+                readonly,
+                serial,
+                ..
+            } => DeviceState::VirtioBlk {
+                transport,
+                blk: BlkState {
+                    path: path.clone(),
+                    readonly: *readonly,
+                    acked_features,
+                    id: serial.clone(),
+                },
+            },
+            DeviceConfig::Serial { .. } => {
+                return Err(format!("{} is not a virtio device", self.id))
+            }
+        })
     }
 }
 
@@ -113,6 +209,8 @@ pub struct SaveState {
     pub vm: KvmVmState,
     pub vcpus: Vec<KvmVcpuState>,
     pub serial: vm_superio::serial::SerialState,
+    /// The virtio devices' states, by id, in manifest order.
+    pub devices: Vec<(String, DeviceState)>,
 }
 
 /// What a save wrote.
@@ -180,6 +278,10 @@ pub fn save(
         let serial = DeviceState::Serial(SerialState::from(&state.serial));
         w.write_state(&section::device(SERIAL_ID), &serial)
             .map_err(|e| e.to_string())?;
+        for (id, dev) in &state.devices {
+            w.write_state(&section::device(id), dev)
+                .map_err(|e| e.to_string())?;
+        }
         // SAFETY: the caller has paused the VM (vCPUs and device thread).
         let regions = unsafe { guest_regions(mem) }?;
         let stats =
@@ -218,13 +320,23 @@ pub struct Restore {
     pub vm: KvmVmState,
     pub vcpus: Vec<KvmVcpuState>,
     pub serial: vm_superio::serial::SerialState,
+    /// Each virtio device's transport, in manifest (bus) order.
+    pub transports: Vec<MmioTransportState>,
     reader: SnapshotReader<File>,
     path: String,
 }
 
 /// Opens and verifies `path` completely and checks it against the memory
-/// size and vCPU count asked for (`None`: the snapshot's). Creates nothing.
-pub fn load(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> Result<Restore, SnapshotError> {
+/// size and vCPU count asked for (`None`: the snapshot's) and the devices
+/// `nets` and `disks`. A disk given without `id=` takes the id the snapshot
+/// has for it. Creates nothing.
+pub fn load(
+    path: &Path,
+    mem: Option<u64>,
+    cpus: Option<u8>,
+    nets: &[NetSpec],
+    disks: &mut [DiskSpec],
+) -> Result<Restore, SnapshotError> {
     let shown = path.display().to_string();
     let file = File::open(path).map_err(|err| SnapshotError::Open {
         path: shown.clone(),
@@ -238,11 +350,23 @@ pub fn load(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> Result<Restore, 
         path: shown.clone(),
         msg,
     };
+    let invalid_request = |msg: String| SnapshotError::Request(msg);
     let mut reader = SnapshotReader::open(file).map_err(format)?;
     let saved: Manifest = reader.read_state(section::MANIFEST).map_err(format)?;
+    for (j, d) in disks.iter_mut().enumerate() {
+        let want = format!("blk{j}");
+        if d.id.is_none() {
+            d.id = saved.devices.iter().find_map(|s| match s {
+                DeviceConfig::Blk { id, serial, .. } if *id == want => Some(serial.clone()),
+                _ => None,
+            });
+        }
+    }
+    let virtio = virtio_devices(nets, disks).map_err(&invalid_request)?;
     let requested = manifest(
         mem.unwrap_or(saved.mem_bytes),
         cpus.map_or(saved.vcpus, u32::from),
+        virtio,
     );
     let notes = check_compatible(&saved, &requested).map_err(|err| SnapshotError::Mismatch {
         path: shown.clone(),
@@ -298,6 +422,28 @@ pub fn load(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> Result<Restore, 
         }
         _ => return Err(invalid(format!("section {dev} is not a serial port"))),
     };
+    let mut transports = Vec::new();
+    for d in &saved.devices {
+        let (id, net) = match d {
+            DeviceConfig::Serial { .. } => continue,
+            DeviceConfig::Net { id, .. } => (id, true),
+            DeviceConfig::Blk { id, .. } => (id, false),
+        };
+        let name = section::device(id);
+        let transport = match reader.read_state::<DeviceState>(&name).map_err(format)? {
+            DeviceState::VirtioNet { transport, .. } if net => transport,
+            DeviceState::VirtioBlk { transport, .. } if !net => transport,
+            _ => {
+                return Err(invalid(format!(
+                    "section {name} does not hold the {} the manifest lists",
+                    d.describe()
+                )))
+            }
+        };
+        check_queues(&transport, if net { 2 } else { 1 })
+            .map_err(|e| invalid(format!("section {name}: {e}")))?;
+        transports.push(transport);
+    }
     migration::validate_memory(
         &mut reader,
         section::MEMORY,
@@ -312,9 +458,24 @@ pub fn load(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> Result<Restore, 
         vm,
         vcpus,
         serial,
+        transports,
         reader,
         path: shown,
     })
+}
+
+/// The shape of a saved transport: its queue count and each queue's
+/// registers (the transport checks the rest against the device and guest
+/// memory when it is restored).
+fn check_queues(t: &MmioTransportState, count: usize) -> Result<(), String> {
+    if t.queues.len() != count {
+        return Err(format!("{} queues, the device has {count}", t.queues.len()));
+    }
+    for (i, q) in t.queues.iter().enumerate() {
+        virtio_queue::Queue::try_from(virtio_queue::QueueState::from(q))
+            .map_err(|e| format!("queue {i}: {e:?}"))?;
+    }
+    Ok(())
 }
 
 impl Restore {
@@ -367,7 +528,7 @@ mod tests {
     }
 
     fn load_err(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> String {
-        let e = load(path, mem, cpus).err().expect("refused");
+        let e = load(path, mem, cpus, &[], &mut []).err().expect("refused");
         let _ = std::fs::remove_file(path);
         e.to_string()
     }
@@ -382,7 +543,7 @@ mod tests {
 
     #[test]
     fn a_mismatch_is_refused_with_the_manifest_message() {
-        let p = file_with("mismatch", &manifest(128 << 20, 1), |_| {});
+        let p = file_with("mismatch", &manifest(128 << 20, 1, vec![]), |_| {});
         let e = load_err(&p, Some(256 << 20), None);
         assert!(
             e.contains("snapshot has 128 MiB of memory, this VM asks for 256 MiB"),
@@ -392,18 +553,19 @@ mod tests {
 
     #[test]
     fn a_forged_vcpu_count_is_refused() {
-        let p = file_with("cpus", &manifest(128 << 20, 200), |_| {});
+        let p = file_with("cpus", &manifest(128 << 20, 200, vec![]), |_| {});
         let e = load_err(&p, None, None);
         assert!(e.contains("200 vCPUs"), "{e}");
     }
 
     #[test]
     fn a_foreign_device_is_refused() {
-        let mut m = manifest(128 << 20, 1);
+        let mut m = manifest(128 << 20, 1, vec![]);
         m.devices.push(DeviceConfig::Net {
             id: "net0".into(),
             tap: "tap0".into(),
             mac: [2, 0, 0, 0, 0, 1],
+            rsc: false,
             slot: migration::manifest::MmioSlot {
                 base: 0xd000_0000,
                 irq: 5,
@@ -416,7 +578,7 @@ mod tests {
 
     #[test]
     fn a_bad_vm_section_is_refused_before_anything_is_built() {
-        let p = file_with("vm", &manifest(128 << 20, 1), |w| {
+        let p = file_with("vm", &manifest(128 << 20, 1, vec![]), |w| {
             w.write_state(section::VM, &VmState::default()).unwrap();
         });
         let e = load_err(&p, None, None);
@@ -425,7 +587,7 @@ mod tests {
 
     #[test]
     fn a_missing_section_is_refused() {
-        let p = file_with("missing", &manifest(128 << 20, 1), |_| {});
+        let p = file_with("missing", &manifest(128 << 20, 1, vec![]), |_| {});
         let e = load_err(&p, None, None);
         assert!(e.contains("no section \"vm\""), "{e}");
     }

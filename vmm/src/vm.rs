@@ -29,6 +29,7 @@ use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::IoEventAddress;
 use kvm_ioctls::{Kvm, VmFd};
+use migration::Snapshottable;
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -42,7 +43,7 @@ use crate::cpuid;
 use crate::exit::{ExitSignal, VmExit};
 use crate::host::HostKind;
 use crate::pause::{self, Gate};
-use crate::snapshot::{self, Restore};
+use crate::snapshot::{self, Restore, VirtioPart};
 use crate::vcpu::Vcpu;
 use crate::vcpu_state::{self, VcpuStateError};
 
@@ -97,6 +98,8 @@ pub enum VmError {
     SaveSetup(VcpuStateError),
     #[error("restoring the serial port: {0}")]
     Serial(io::Error),
+    #[error("restoring device {id}: {err}")]
+    DeviceState { id: String, err: String },
 }
 
 /// How the guest starts.
@@ -165,6 +168,19 @@ pub fn effective_cmdline(user: &str, host: HostKind) -> String {
     out.join(" ")
 }
 
+/// Where virtio device `index` (NICs first, then disks) sits: its MMIO
+/// window and IRQ.
+pub fn virtio_slot(index: usize) -> Result<(u64, u32), VmError> {
+    let max = VIRTIO_IRQ_LAST - VIRTIO_IRQ_BASE + 1;
+    match u32::try_from(index) {
+        Ok(i) if i < max => Ok((
+            layout::MMIO_GAP_START + u64::from(i) * MMIO_WINDOW,
+            VIRTIO_IRQ_BASE + i,
+        )),
+        _ => Err(VmError::TooManyDevices(max)),
+    }
+}
+
 /// Boots the VM and runs it until it ends.
 pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     run_from(cfg, Start::Boot)
@@ -174,7 +190,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
 /// it runs. The vCPU threads are not joined: the caller exits the process,
 /// which ends them (they hold their own references to the VM and its memory).
 /// On a restore, `cfg.kernel`, `initrd` and `cmdline` are not used, and
-/// `cfg.nets` must be empty (checked by the caller).
+/// the devices must be the snapshot's (checked by [`snapshot::load`]).
 pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let host = HostKind::detect();
     let kvm = open_kvm()?;
@@ -204,34 +220,37 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let mut mmio = Bus::new();
     let mut announce = String::new();
     let mut nets: Vec<NetReport> = Vec::new();
+    let mut transports = Vec::with_capacity(cfg.nets.len() + cfg.disks.len());
     for (i, spec) in cfg.nets.iter().enumerate() {
-        let base = layout::MMIO_GAP_START + i as u64 * MMIO_WINDOW;
-        let irq = VIRTIO_IRQ_BASE + i as u32;
-        if irq > VIRTIO_IRQ_LAST {
-            return Err(VmError::TooManyDevices(
-                VIRTIO_IRQ_LAST - VIRTIO_IRQ_BASE + 1,
-            ));
-        }
-        let report = add_net(&vm, &mem, &mut mmio, &mut em, spec, i, base, irq)?;
+        let (base, irq) = virtio_slot(i)?;
+        let (report, transport) = add_net(&vm, &mem, &mut mmio, &mut em, spec, i, base, irq)?;
         nets.push(report);
+        transports.push(transport);
         announce.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{irq}"));
     }
     // Disks after the NICs, in the same window and IRQ sequence; the guest
     // probes them in command-line order, so the first --disk is vda.
     let mut disks: Vec<DiskReport> = Vec::new();
     for (j, spec) in cfg.disks.iter().enumerate() {
-        let i = cfg.nets.len() + j;
-        let base = layout::MMIO_GAP_START + i as u64 * MMIO_WINDOW;
-        let irq = VIRTIO_IRQ_BASE + i as u32;
-        if irq > VIRTIO_IRQ_LAST {
-            return Err(VmError::TooManyDevices(
-                VIRTIO_IRQ_LAST - VIRTIO_IRQ_BASE + 1,
-            ));
-        }
-        disks.push(add_disk(&vm, &mem, &mut mmio, &mut em, spec, base, irq)?);
+        let (base, irq) = virtio_slot(cfg.nets.len() + j)?;
+        let (report, transport) = add_disk(&vm, &mem, &mut mmio, &mut em, spec, base, irq)?;
+        disks.push(report);
+        transports.push(transport);
         announce.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{irq}"));
     }
     let mmio = Arc::new(mmio);
+    // What a snapshot of this VM says it is, and its virtio devices.
+    let virtio = snapshot::virtio_devices(&cfg.nets, &cfg.disks).map_err(VmError::Devices)?;
+    let manifest = snapshot::manifest(cfg.mem_bytes, u32::from(cfg.cpus), virtio.clone());
+    let virtio_parts: Vec<VirtioPart> = virtio
+        .into_iter()
+        .zip(transports)
+        .map(|(config, transport)| VirtioPart {
+            id: config.id().to_string(),
+            transport,
+            config,
+        })
+        .collect();
 
     let entry = match &mut start {
         Start::Boot => {
@@ -252,6 +271,16 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             let stats = r.fill_memory(&mem)?;
             log::info!("restore: {} pages of guest memory", stats.pages);
             r.apply_vm_state(&vm)?;
+            // Each transport as it was: a running device restarts on its
+            // queues (the tap's offloads set again), before any vCPU runs.
+            for (part, state) in virtio_parts.iter().zip(&r.transports) {
+                devices::bus::lock(&part.transport)
+                    .restore(state)
+                    .map_err(|e| VmError::DeviceState {
+                        id: part.id.clone(),
+                        err: e.to_string(),
+                    })?;
+            }
             None
         }
     };
@@ -363,7 +392,8 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             serial: Box::new(move || devices::bus::lock(&serial).state()),
             vcpus: vcpu_requests,
             msr_indices,
-            virtio_devices: cfg.nets.len() + cfg.disks.len(),
+            manifest,
+            devices: virtio_parts,
         });
         api.set_control(Box::new(control));
         main_em.add_subscriber(Arc::new(Mutex::new(api)));
@@ -414,7 +444,7 @@ fn add_net(
     index: usize,
     base: u64,
     irq: u32,
-) -> Result<NetReport, VmError> {
+) -> Result<(NetReport, Arc<Mutex<MmioTransport>>), VmError> {
     let net_err = |err: String| VmError::Net {
         tap: spec.tap.clone(),
         err,
@@ -458,15 +488,17 @@ fn add_net(
     let transport = MmioTransport::new(Box::new(net), mem.clone(), interrupt, transport_evts)
         .map_err(|e| net_err(format!("queues: {e:?}")))?;
     let bad_accesses = transport.bad_accesses();
-    mmio.insert(Arc::new(Mutex::new(transport)), base, MMIO_WINDOW)
+    let transport = Arc::new(Mutex::new(transport));
+    mmio.insert(transport.clone(), base, MMIO_WINDOW)
         .map_err(|e| VmError::Devices(e.to_string()))?;
     em.add_subscriber(handler.clone());
-    Ok(NetReport {
+    let report = NetReport {
         tap: spec.tap.clone(),
         counters,
         bad_accesses,
         handler,
-    })
+    };
+    Ok((report, transport))
 }
 
 /// What the metrics file says of one disk.
@@ -486,7 +518,7 @@ fn add_disk(
     spec: &config::DiskSpec,
     base: u64,
     irq: u32,
-) -> Result<DiskReport, VmError> {
+) -> Result<(DiskReport, Arc<Mutex<MmioTransport>>), VmError> {
     let path = spec.path.display().to_string();
     let file =
         DiskFile::open(&spec.path, spec.readonly).map_err(|e| VmError::Disk(e.to_string()))?;
@@ -521,16 +553,18 @@ fn add_disk(
     let transport = MmioTransport::new(Box::new(block), mem.clone(), interrupt, transport_evts)
         .map_err(|e| VmError::Disk(format!("{path}: queues: {e:?}")))?;
     let bad_accesses = transport.bad_accesses();
-    mmio.insert(Arc::new(Mutex::new(transport)), base, MMIO_WINDOW)
+    let transport = Arc::new(Mutex::new(transport));
+    mmio.insert(transport.clone(), base, MMIO_WINDOW)
         .map_err(|e| VmError::Devices(e.to_string()))?;
     em.add_subscriber(Arc::new(Mutex::new(handler)));
-    Ok(DiskReport {
+    let report = DiskReport {
         path,
         id,
         readonly: spec.readonly,
         counters,
         bad_accesses,
-    })
+    };
+    Ok((report, transport))
 }
 
 /// Runs the device event loop on its own thread until the VM ends,

@@ -19,6 +19,9 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{status, VirtioDevice, INT_CONFIG, VIRTIO_F_VERSION_1};
 use crate::bus::BusDevice;
 
+mod state;
+pub use state::TransportStateError;
+
 /// Size of one device's window.
 pub const MMIO_WINDOW: u64 = 0x1000;
 /// Offset of the queue notify register (for ioeventfd registration).
@@ -56,6 +59,17 @@ impl Interrupt {
     /// The current interrupt status bits.
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
+    }
+
+    /// Puts back saved status bits; raises the line again if any is set
+    /// (the driver had not acknowledged them).
+    pub fn restore(&self, bits: u32) {
+        self.status.store(bits, Ordering::SeqCst);
+        if bits != 0 {
+            if let Err(e) = self.evt.write(1) {
+                log::warn!("virtio: cannot raise the interrupt: {e}");
+            }
+        }
     }
 
     fn ack(&self, bits: u32) {
@@ -337,7 +351,7 @@ impl BusDevice for MmioTransport {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Mutex;
 
     use vm_memory::GuestAddress;
@@ -346,8 +360,10 @@ mod tests {
     use crate::virtio::ActivateError;
 
     #[derive(Default)]
-    struct Seen {
-        activated: Option<(u64, usize)>,
+    pub(super) struct Seen {
+        pub(super) activated: Option<(u64, usize)>,
+        /// The queues as activated (what `queue_states` reports).
+        pub(super) live: Option<Vec<virtio_queue::QueueState>>,
         resets: u32,
         config: Vec<u8>,
     }
@@ -378,15 +394,20 @@ mod tests {
             queues: Vec<Queue>,
             _mem: GuestMemoryMmap,
         ) -> Result<(), ActivateError> {
-            self.0.lock().unwrap().activated = Some((acked, queues.len()));
+            let mut seen = self.0.lock().unwrap();
+            seen.activated = Some((acked, queues.len()));
+            seen.live = Some(queues.iter().map(|q| q.state()).collect());
             Ok(())
         }
         fn reset(&mut self) {
             self.0.lock().unwrap().resets += 1;
         }
+        fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
+            self.0.lock().unwrap().live.clone()
+        }
     }
 
-    fn transport() -> (MmioTransport, Arc<Mutex<Seen>>, Vec<EventFd>) {
+    pub(super) fn transport() -> (MmioTransport, Arc<Mutex<Seen>>, Vec<EventFd>) {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
@@ -410,11 +431,11 @@ mod tests {
         u32::from_le_bytes(b)
     }
 
-    fn w(t: &mut MmioTransport, off: u64, v: u32) {
+    pub(super) fn w(t: &mut MmioTransport, off: u64, v: u32) {
         t.write(off, &v.to_le_bytes());
     }
 
-    fn setup_queue(t: &mut MmioTransport, sel: u32, base: u64) {
+    pub(super) fn setup_queue(t: &mut MmioTransport, sel: u32, base: u64) {
         w(t, 0x30, sel);
         assert_eq!(r(t, 0x34), 256);
         w(t, 0x38, 256);

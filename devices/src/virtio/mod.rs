@@ -63,4 +63,7 @@ pub trait VirtioDevice: Send {
     ) -> Result<(), ActivateError>;
     /// Stops the device and forgets its queues (driver reset).
     fn reset(&mut self);
+    /// The live state of the queues (where the device has got to in each
+    /// ring), in index order, while the device is active; `None` otherwise.
+    fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>>;
 }

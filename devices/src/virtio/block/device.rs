@@ -165,6 +165,11 @@ impl VirtioDevice for Block {
     fn reset(&mut self) {
         crate::bus::lock(&self.state).active = None;
     }
+
+    fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
+        let state = crate::bus::lock(&self.state);
+        Some(vec![state.active.as_ref()?.queue.state()])
+    }
 }
 
 #[cfg(test)]

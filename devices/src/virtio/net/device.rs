@@ -208,6 +208,12 @@ impl VirtioDevice for Net {
     fn reset(&mut self) {
         crate::bus::lock(&self.state).active = None;
     }
+
+    fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
+        let state = crate::bus::lock(&self.state);
+        let active = state.active.as_ref()?;
+        Some(vec![active.rx.state(), active.tx.state()])
+    }
 }
 
 #[cfg(test)]
