@@ -1,4 +1,5 @@
-//! Snapshot and restore of a real guest with a NIC and a disk (one boot):
+//! Snapshot and restore of a real guest with NICs and a disk (the run's
+//! base guest, restored, see `tests/src/base.rs`):
 //! a counter loop, a file in tmpfs, files on an ext4 disk (synced and only
 //! in the page cache) and a TCP connection from the host survive a pause, a
 //! snapshot, a SIGKILL of the VMM and a restore in a new process on the same
@@ -15,23 +16,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tandem_tests::base::{base, DISK_ID, GUEST_IP0, HOST_IP0, MAC0, MAC1, PREFIX};
 use tandem_tests::netns::NetNs;
-use tandem_tests::{guest_file, hex, pseudo_random, tandem_bin, tandem_output, TestVm};
+use tandem_tests::{ctl, hex, pseudo_random, tandem_bin, tandem_output, TestVm};
 
 const CMD: Duration = Duration::from_secs(180);
-
-fn ctl(sock: &Path, verb: &[&str]) -> (i32, Value) {
-    let out = Command::new(tandem_bin())
-        .arg("ctl")
-        .arg("--api-sock")
-        .arg(sock)
-        .args(verb)
-        .output()
-        .expect("run tandem ctl");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let answer = serde_json::from_str(&text).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), answer)
-}
 
 fn number(vm: &mut TestVm, cmd: &str) -> f64 {
     let out = vm.ok(cmd, CMD);
@@ -112,19 +101,28 @@ fn cached_text() -> String {
     (0..200).map(|i| format!("cached line {i}\n")).collect()
 }
 
-const MAC: &str = "52:54:00:00:00:21";
 const PART: usize = 96 * 1024;
 
-/// `tandem run --restore` in `ns` with the snapshot's NIC (on tap0) and
-/// disk `disk`, synced with its shell.
+/// The base guest's NICs on tap0 and tap1.
+fn nets() -> [String; 2] {
+    [
+        format!("tap=tap0,mac={MAC0},rsc=off"),
+        format!("tap=tap1,mac={MAC1},rsc=on"),
+    ]
+}
+
+/// `tandem run --restore` in `ns` with the base guest's NICs (on tap0 and
+/// tap1) and disk `disk`, synced with its shell.
 fn restore_in(ns: &NetNs, file: &Path, disk: &Path, sock: Option<&Path>) -> TestVm {
-    let net = format!("tap=tap0,mac={MAC}");
+    let [net0, net1] = nets();
     let disk = format!("path={}", disk.display());
     let mut args = vec![
         "--restore",
         file.to_str().unwrap(),
         "--net",
-        &net,
+        &net0,
+        "--net",
+        &net1,
         "--disk",
         &disk,
     ];
@@ -157,42 +155,18 @@ fn sum_of(out: &str, name: &str) -> String {
 fn snapshot_restore_twice_and_refusals() {
     let t0 = Instant::now();
     let ns = NetNs::new("snap");
-    ns.add_tap("tap0", "192.0.2.1/24");
+    ns.add_tap("tap0", &format!("{HOST_IP0}/{PREFIX}"));
+    ns.add_bare_tap("tap1");
     let sock = scratch("a.sock");
     let file = scratch("vm.snap");
     let disk = scratch("disk.img");
     let disk_at_snapshot = scratch("disk-at-snapshot.img");
-    std::fs::write(&disk, vec![0u8; 16 << 20]).unwrap();
-    let mkfs = Command::new("mkfs.ext4")
-        .args(["-q", "-F", disk.to_str().unwrap()])
-        .output()
-        .expect("mkfs.ext4 (install e2fsprogs)");
-    assert!(mkfs.status.success(), "{mkfs:?}");
-
-    let (kernel, initrd) = (guest_file("vmlinux"), guest_file("initramfs.cpio"));
-    let net = format!("tap=tap0,mac={MAC}");
-    let disk_arg = format!("path={},id=data", disk.display());
-    let mut vm = TestVm::start_with(
-        ns.command(tandem_bin().to_str().unwrap()),
-        &[
-            "--kernel",
-            kernel.to_str().unwrap(),
-            "--initrd",
-            initrd.to_str().unwrap(),
-            "--mem",
-            "128M",
-            "--net",
-            &net,
-            "--disk",
-            &disk_arg,
-            "--api-sock",
-            sock.to_str().unwrap(),
-            "--cmdline",
-            "console=ttyS0 reboot=k panic=1 tandem.ip=192.0.2.2/24",
-        ],
-    );
-    vm.wait_ready();
-    eprintln!("booted in {:.0} s", t0.elapsed().as_secs_f64());
+    // The run's base guest (booted once for the whole suite) on a disk of
+    // our own: an ext4 file system it has not mounted.
+    let b = base();
+    std::fs::copy(&b.disk, &disk).unwrap();
+    let mut vm = restore_in(&ns, &b.snapshot, &disk, Some(&sock));
+    eprintln!("base guest restored in {:.1} s", t0.elapsed().as_secs_f64());
 
     vm.ok("mkfifo /tmp/tick && exec 3<>/tmp/tick", CMD);
     vm.ok(
@@ -236,7 +210,7 @@ fn snapshot_restore_twice_and_refusals() {
         ns.spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(120);
             let mut s = loop {
-                match TcpStream::connect("192.0.2.2:7000") {
+                match TcpStream::connect((GUEST_IP0, 7000)) {
                     Ok(s) => break s,
                     Err(_) if Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(500))
@@ -337,7 +311,7 @@ fn snapshot_restore_twice_and_refusals() {
         t2.elapsed().as_secs_f64()
     );
     check_restored(&mut vm, before, up_before, &data_sha);
-    assert_eq!(vm.ok("cat /sys/block/vda/serial", CMD), "data");
+    assert_eq!(vm.ok("cat /sys/block/vda/serial", CMD), DISK_ID);
     drop(vm);
 
     // Files that must be refused, with nothing started.
@@ -355,7 +329,8 @@ fn snapshot_restore_twice_and_refusals() {
     std::fs::write(&foreign, b"#!/bin/sh\necho this is not a snapshot\n").unwrap();
     refused(&foreign, &[], "not a tandem snapshot");
     let same_disk = format!("path={}", disk_at_snapshot.display());
-    let devices = ["--net", &net, "--disk", &same_disk];
+    let [net0, net1] = nets();
+    let devices = ["--net", &net0, "--net", &net1, "--disk", &same_disk];
     let with = |extra: &[&'static str]| -> Vec<String> {
         devices
             .iter()
@@ -371,10 +346,10 @@ fn snapshot_restore_twice_and_refusals() {
     refused_with(&["--mem", "256M"], "snapshot has 128 MiB of memory");
     refused_with(&["--cpus", "2"], "snapshot has 1 vCPU");
     refused(&file, &[], "snapshot has NIC net0 on tap0; none given");
-    let rsc_net = format!("{net},rsc=on");
+    let rsc_net = net0.replace("rsc=off", "rsc=on");
     refused(
         &file,
-        &["--net", &rsc_net, "--disk", &same_disk],
+        &["--net", &rsc_net, "--net", &net1, "--disk", &same_disk],
         "NIC net0: snapshot has rsc=off, this VM asks for rsc=on",
     );
     let small = scratch("small.img");
@@ -382,13 +357,13 @@ fn snapshot_restore_twice_and_refusals() {
     let small_disk = format!("path={}", small.display());
     refused(
         &file,
-        &["--net", &net, "--disk", &small_disk],
+        &["--net", &net0, "--net", &net1, "--disk", &small_disk],
         "disk blk0: snapshot has a disk of 16 MiB",
     );
     let ro_disk = format!("{same_disk},readonly=on");
     refused(
         &file,
-        &["--net", &net, "--disk", &ro_disk],
+        &["--net", &net0, "--net", &net1, "--disk", &ro_disk],
         "disk blk0: snapshot has it read-write, this VM asks for read-only",
     );
     refused(&scratch("missing.snap"), &[], "cannot open snapshot");
