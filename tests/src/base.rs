@@ -54,14 +54,15 @@ pub const PREFIX: u8 = 24;
 pub const DISK_BYTES: u64 = 16 << 20;
 pub const DISK_ID: &str = "tandem-base";
 
-/// The `--net` options of net0 and net1 after `tap=NAME`: what a restore
-/// must repeat.
-const NET_OPTS: [&str; 2] = [
-    "mac=52:54:00:00:00:a1,rsc=off",
-    "mac=52:54:00:00:00:b2,rsc=on",
-];
-/// Everything that makes a base: part of the cache key.
-const RECIPE: &str = "v1 mem=128M cpus=1 net0 net1 disk=16M-ext4";
+/// net0 and net1: MAC and `rsc=`, what a restore must repeat.
+const NICS: [(&str, &str); 2] = [(MAC0, "off"), (MAC1, "on")];
+
+/// The `--net` argument of NIC `i` on `tap` (which may carry options a
+/// restore may change, e.g. `tap1,sndbuf=64K`).
+fn net_arg(i: usize, tap: &str) -> String {
+    let (mac, rsc) = NICS[i];
+    format!("tap={tap},mac={mac},rsc={rsc}")
+}
 
 /// The base snapshot and the disk as it was when the snapshot was taken.
 #[derive(Clone, Debug)]
@@ -101,8 +102,12 @@ fn base_dir() -> (PathBuf, bool) {
         return (PathBuf::from(d), true);
     }
     let mut h = Sha256::new();
-    h.update(RECIPE);
-    h.update(CMDLINE);
+    // The recipe: the boot arguments, and the disk's size.
+    for arg in boot_args(Path::new("DISK"), Path::new("SOCK")) {
+        h.update(arg);
+        h.update([0]);
+    }
+    h.update(DISK_BYTES.to_le_bytes());
     for f in [
         tandem_bin(),
         guest_file("vmlinux"),
@@ -217,6 +222,32 @@ fn prune_other_keys(dir: &Path) {
     }
 }
 
+/// `tandem run` arguments that boot the base guest (on taps tap0 and tap1).
+fn boot_args(disk: &Path, sock: &Path) -> Vec<String> {
+    let path = |p: PathBuf| p.to_str().expect("UTF-8 path").to_string();
+    [
+        "--kernel".into(),
+        path(guest_file("vmlinux")),
+        "--initrd".into(),
+        path(guest_file("initramfs.cpio")),
+        "--mem".into(),
+        "128M".into(),
+        "--cpus".into(),
+        "1".into(),
+        "--cmdline".into(),
+        CMDLINE.into(),
+        "--net".into(),
+        net_arg(0, "tap0"),
+        "--net".into(),
+        net_arg(1, "tap1"),
+        "--disk".into(),
+        disk_arg(disk),
+        "--api-sock".into(),
+        path(sock.to_path_buf()),
+    ]
+    .into()
+}
+
 /// Boots the base guest in a namespace of its own, snapshots it and ends it.
 fn create(dir: &Path, b: &Base) {
     let snap_tmp = dir.join("base.snap.tmp");
@@ -229,37 +260,13 @@ fn create(dir: &Path, b: &Base) {
     ns.add_bare_tap("tap0");
     ns.add_bare_tap("tap1");
     let sock = dir.join("base.sock");
-    let kernel = guest_file("vmlinux");
-    let initrd = guest_file("initramfs.cpio");
-    let nets = ["tap0", "tap1"]
-        .iter()
-        .zip(NET_OPTS)
-        .map(|(t, o)| format!("tap={t},{o}"))
-        .collect::<Vec<_>>();
-    let disk = disk_arg(&b.disk);
     let t = Instant::now();
     let mut vm = TestVm::start_with(
         ns.command(tandem_bin().to_str().unwrap()),
-        &[
-            "--kernel",
-            kernel.to_str().unwrap(),
-            "--initrd",
-            initrd.to_str().unwrap(),
-            "--mem",
-            "128M",
-            "--cpus",
-            "1",
-            "--cmdline",
-            CMDLINE,
-            "--net",
-            &nets[0],
-            "--net",
-            &nets[1],
-            "--disk",
-            &disk,
-            "--api-sock",
-            sock.to_str().unwrap(),
-        ],
+        &boot_args(&b.disk, &sock)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
     );
     vm.wait_ready();
     eprintln!("base guest booted in {:.0} s", t.elapsed().as_secs_f64());
@@ -272,7 +279,7 @@ fn create(dir: &Path, b: &Base) {
     let _ = std::fs::remove_file(&sock);
 }
 
-/// `path=FILE,id=DISK_ID`: the id is fixed (by default it is the file name,
+/// `path=FILE,id=DISK_ID` (size: [`DISK_BYTES`]): the id is fixed (by default it is the file name,
 /// which differs between the base and a restore's copy).
 fn disk_arg(path: &Path) -> String {
     format!("path={},id={DISK_ID}", path.display())
@@ -317,11 +324,7 @@ impl TestVm {
         let copy = scratch("disk");
         std::fs::copy(&b.disk, &copy)
             .unwrap_or_else(|e| panic!("copy {} to {}: {e}", b.disk.display(), copy.display()));
-        let nets: Vec<String> = taps
-            .iter()
-            .zip(NET_OPTS)
-            .map(|(t, o)| format!("tap={t},{o}"))
-            .collect();
+        let nets = [net_arg(0, taps[0]), net_arg(1, taps[1])];
         let disk = disk_arg(&copy);
         let mut args = vec![
             "--restore",
@@ -343,5 +346,21 @@ impl TestVm {
             t.elapsed().as_secs_f64()
         );
         vm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmdline_gives_the_guest_the_address_constants() {
+        let args: Vec<&str> = CMDLINE.split_whitespace().collect();
+        for want in [
+            format!("tandem.ip={GUEST_IP0}/{PREFIX}"),
+            format!("tandem.ip1={GUEST_IP1}/{PREFIX}"),
+        ] {
+            assert!(args.contains(&want.as_str()), "{want} not in {CMDLINE}");
+        }
     }
 }
