@@ -463,21 +463,27 @@ pub(super) mod tests {
         assert_eq!(cfg, [4, 5]);
     }
 
+    /// What a driver does up to DRIVER_OK: features (MAC and VERSION_1),
+    /// FEATURES_OK, both queues.
+    pub(super) fn start_device(t: &mut MmioTransport) {
+        w(t, 0x70, status::ACKNOWLEDGE);
+        w(t, 0x70, status::ACKNOWLEDGE | status::DRIVER);
+        w(t, 0x24, 0);
+        w(t, 0x20, 1 << 5);
+        w(t, 0x24, 1);
+        w(t, 0x20, 1);
+        let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+        w(t, 0x70, s);
+        assert_eq!(r(t, 0x70), s);
+        setup_queue(t, 0, 0x10000);
+        setup_queue(t, 1, 0x20000);
+        w(t, 0x70, s | status::DRIVER_OK);
+    }
+
     #[test]
     fn full_negotiation_activates_the_device() {
         let (mut t, seen, evts) = transport();
-        w(&mut t, 0x70, status::ACKNOWLEDGE);
-        w(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER);
-        w(&mut t, 0x24, 0);
-        w(&mut t, 0x20, 1 << 5);
-        w(&mut t, 0x24, 1);
-        w(&mut t, 0x20, 1);
-        let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-        w(&mut t, 0x70, s);
-        assert_eq!(r(&mut t, 0x70), s);
-        setup_queue(&mut t, 0, 0x10000);
-        setup_queue(&mut t, 1, 0x20000);
-        w(&mut t, 0x70, s | status::DRIVER_OK);
+        start_device(&mut t);
         assert_eq!(
             seen.lock().unwrap().activated,
             Some(((1 << 5) | VIRTIO_F_VERSION_1, 2))

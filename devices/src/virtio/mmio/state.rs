@@ -175,22 +175,13 @@ impl Snapshottable for MmioTransport {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{setup_queue, transport, w};
+    use super::super::tests::{start_device, transport};
     use super::*;
     use crate::virtio::INT_USED_RING;
 
     fn running() -> (MmioTransport, MmioTransportState) {
         let (mut t, _, _) = transport();
-        w(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER);
-        w(&mut t, 0x24, 0);
-        w(&mut t, 0x20, 1 << 5);
-        w(&mut t, 0x24, 1);
-        w(&mut t, 0x20, 1);
-        let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-        w(&mut t, 0x70, s);
-        setup_queue(&mut t, 0, 0x10000);
-        setup_queue(&mut t, 1, 0x20000);
-        w(&mut t, 0x70, s | status::DRIVER_OK);
+        start_device(&mut t);
         let state = t.save().unwrap();
         (t, state)
     }
