@@ -8,7 +8,9 @@
 //! {"cmd":"resume"}                 -> {"ok":true,"state":"running"}
 //! {"cmd":"metrics"}                -> {"ok":true,"metrics":{...}}
 //! {"cmd":"shutdown"}               -> {"ok":true}, then the VMM exits (status 0)
-//! {"cmd":"snapshot","path":"F"}    -> {"ok":false,"error":"..."} (not yet)
+//! {"cmd":"snapshot","path":"F"}    -> {"ok":true,"path":"F","file_bytes":...}
+//! {"cmd":"profile_start","hz":N}   -> {"ok":true,"hz":N,...} (hz optional, default 1000)
+//! {"cmd":"profile_stop","path":"F"} -> {"ok":true,"samples":...,"top":[...],"table":"..."}
 //! ```
 //! Any failure is `{"ok":false,"error":"..."}`; a malformed request, an
 //! oversized line or a client that goes away never affects the VM.
@@ -48,6 +50,8 @@ pub enum Request {
     Metrics,
     Shutdown,
     Snapshot { path: PathBuf },
+    ProfileStart { hz: u32 },
+    ProfileStop { path: PathBuf },
 }
 
 /// What the VM does for each verb. Errors are messages for the client.
@@ -61,6 +65,23 @@ pub trait Control {
     /// Asks the VM to end; the answer is sent before it does.
     fn shutdown(&mut self);
     fn snapshot(&mut self, path: &Path) -> Result<Value, String>;
+    /// Starts the guest profiler at `hz` samples per second.
+    fn profile_start(&mut self, _hz: u32) -> Result<Value, String> {
+        Err("profiling is not available".into())
+    }
+    /// Stops the guest profiler and writes its folded stacks to `path`.
+    fn profile_stop(&mut self, _path: &Path) -> Result<Value, String> {
+        Err("profiling is not available".into())
+    }
+}
+
+/// A non-empty `path` string field of `obj`.
+fn path_field(obj: &serde_json::Map<String, Value>, cmd: &str) -> Result<PathBuf, String> {
+    obj.get("path")
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{cmd} needs a \"path\" string"))
 }
 
 impl Request {
@@ -79,14 +100,29 @@ impl Request {
             "resume" => (Request::Resume, &[]),
             "metrics" => (Request::Metrics, &[]),
             "shutdown" => (Request::Shutdown, &[]),
-            "snapshot" => {
-                let path = obj
-                    .get("path")
-                    .and_then(Value::as_str)
-                    .filter(|p| !p.is_empty())
-                    .ok_or("snapshot needs a \"path\" string")?;
-                (Request::Snapshot { path: path.into() }, &["path"])
+            "snapshot" => (
+                Request::Snapshot {
+                    path: path_field(obj, cmd)?,
+                },
+                &["path"],
+            ),
+            "profile_start" => {
+                let hz = match obj.get("hz") {
+                    None => crate::profile::DEFAULT_HZ,
+                    Some(v) => v
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or("profile_start: \"hz\" must be a whole number")?,
+                };
+                let hz = crate::profile::check_hz(hz).map_err(|e| e.to_string())?;
+                (Request::ProfileStart { hz }, &["hz"])
             }
+            "profile_stop" => (
+                Request::ProfileStop {
+                    path: path_field(obj, cmd)?,
+                },
+                &["path"],
+            ),
             other => return Err(format!("unknown cmd {other:?}")),
         };
         if let Some(k) = obj
@@ -127,6 +163,14 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             json!({"ok": true})
         }
         Request::Snapshot { path } => match ctl.snapshot(&path) {
+            Ok(v) => merge(v),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Request::ProfileStart { hz } => match ctl.profile_start(hz) {
+            Ok(v) => merge(v),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Request::ProfileStop { path } => match ctl.profile_stop(&path) {
             Ok(v) => merge(v),
             Err(e) => json!({"ok": false, "error": e}),
         },
@@ -376,6 +420,16 @@ mod tests {
             handle_line(br#"{"cmd":"snapshot","path":"/tmp/x"}"#, &mut f)["ok"],
             false
         );
+        assert_eq!(
+            Request::parse(br#"{"cmd":"profile_start"}"#),
+            Ok(Request::ProfileStart { hz: 1000 })
+        );
+        assert_eq!(
+            Request::parse(br#"{"cmd":"profile_start","hz":250}"#),
+            Ok(Request::ProfileStart { hz: 250 })
+        );
+        let a = handle_line(br#"{"cmd":"profile_stop","path":"/tmp/p"}"#, &mut f);
+        assert_eq!(a["error"], "profiling is not available");
         assert_eq!(handle_line(br#"{"cmd":"shutdown"}"#, &mut f)["ok"], true);
         assert!(f.shutdown);
     }
@@ -393,6 +447,12 @@ mod tests {
             b"{\"cmd\":7}",
             b"{\"cmd\":\"snapshot\",\"path\":\"\"}",
             b"{\"cmd\":\"snapshot\",\"path\":1}",
+            b"{\"cmd\":\"profile_start\",\"hz\":0}",
+            b"{\"cmd\":\"profile_start\",\"hz\":100000}",
+            b"{\"cmd\":\"profile_start\",\"hz\":\"fast\"}",
+            b"{\"cmd\":\"profile_start\",\"hz\":-1}",
+            b"{\"cmd\":\"profile_stop\"}",
+            b"{\"cmd\":\"profile_stop\",\"path\":\"x\",\"hz\":1}",
             b"\xff\xfe",
         ] {
             let a = handle_line(bad, &mut f);

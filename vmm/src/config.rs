@@ -10,6 +10,18 @@ use crate::boot::mptable::MAX_CPUS;
 pub const DEFAULT_MEM: &str = "128M";
 /// Command line used when the user gives none.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
+
+/// The command line used when the user gives none, on this kind of host:
+/// [`DEFAULT_CMDLINE`], and `quiet` where the guest kernel is emulated
+/// (each console character is a few hundred emulated instructions and two
+/// exits; the kernel's log stays in `dmesg`, and warnings still reach the
+/// console).
+pub fn default_cmdline(host: crate::host::HostKind) -> String {
+    match host {
+        crate::host::HostKind::Hardware => DEFAULT_CMDLINE.to_string(),
+        crate::host::HostKind::Emulated => format!("{DEFAULT_CMDLINE} quiet"),
+    }
+}
 const MIN_MEM: u64 = 16 << 20;
 
 /// Configuration errors.
@@ -360,6 +372,30 @@ pub struct VmConfig {
     pub metrics: Option<PathBuf>,
     /// The control API's Unix socket.
     pub api_sock: Option<PathBuf>,
+    /// The guest profiler (`--guest-profile`, `--guest-symbols`).
+    pub profile: ProfileConfig,
+}
+
+/// What the guest profiler is given on the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileConfig {
+    /// Profile from the start to the end of the VM, into this file.
+    pub file: Option<PathBuf>,
+    /// Sampling rate of that profile.
+    pub hz: u32,
+    /// Where sampled addresses get their names: `--guest-symbols`, else the
+    /// kernel when it is an ELF file.
+    pub symbols: Option<PathBuf>,
+}
+
+/// Whether `path` starts like an ELF file (a vmlinux, not a bzImage).
+pub fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"\x7fELF"
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::api::Control;
 use crate::exit::{ExitSignal, VmExit};
 use crate::pause::{self, Gate};
+use crate::profile::{self, Profiler};
 use crate::snapshot::{self, SaveReport, SaveState, VirtioPart};
 use crate::vcpu::VcpuRequest;
 
@@ -45,6 +46,13 @@ pub struct SnapshotParts {
     pub devices: Vec<VirtioPart>,
 }
 
+/// What the profiler verbs need.
+pub struct ProfileParts {
+    pub profiler: Arc<Profiler>,
+    /// Names for the sampled addresses (an ELF vmlinux or a System.map).
+    pub symbols: Option<std::path::PathBuf>,
+}
+
 /// Produces the device counters as JSON.
 pub type MetricsFn = Box<dyn Fn() -> Value + Send>;
 
@@ -63,6 +71,8 @@ pub struct VmControl {
     pub started: Instant,
     /// What a snapshot needs; without it snapshots are refused.
     pub snapshot: Option<SnapshotParts>,
+    /// What the profiler verbs need; without it they are refused.
+    pub profile: Option<ProfileParts>,
     /// The guest clock when paused; set back on resume.
     clock: Option<kvm_clock_data>,
     paused_at: Option<Instant>,
@@ -93,6 +103,7 @@ impl VmControl {
             cpus,
             started: Instant::now(),
             snapshot: None,
+            profile: None,
             clock: None,
             paused_at: None,
         }
@@ -220,6 +231,29 @@ impl Control for VmControl {
         let result = self.snapshot_with(&parts, path);
         self.snapshot = Some(parts);
         result
+    }
+
+    fn profile_start(&mut self, hz: u32) -> Result<Value, String> {
+        let parts = self.profile.as_ref().ok_or("profiling is not available")?;
+        parts.profiler.start(hz).map_err(|e| e.to_string())?;
+        Ok(json!({"hz": hz, "symbols": parts.symbols}))
+    }
+
+    fn profile_stop(&mut self, path: &Path) -> Result<Value, String> {
+        let parts = self.profile.as_ref().ok_or("profiling is not available")?;
+        let prof = parts.profiler.stop().map_err(|e| e.to_string())?;
+        let summary = prof
+            .write(path, parts.symbols.as_deref())
+            .map_err(|e| e.to_string())?;
+        log::info!("{}", summary.text());
+        let mut v = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "table".into(),
+                Value::String(profile::report::table_text(&summary.top)),
+            );
+        }
+        Ok(v)
     }
 }
 

@@ -3,7 +3,8 @@
 //! `vm` builds and runs a VM from a `config::VmConfig`; `boot` loads Linux;
 //! `vcpu` runs the vCPU threads; `console` connects the serial port to the
 //! user's terminal; `host`, `cpuid` and `emulation` hold what this host's
-//! KVM needs (see each module).
+//! KVM needs (see each module); `profile` samples where the guest spends
+//! its time.
 
 pub mod api;
 pub mod boot;
@@ -13,8 +14,10 @@ pub mod control;
 pub mod cpuid;
 pub mod emulation;
 pub mod exit;
+pub mod exit_counts;
 pub mod host;
 pub mod pause;
+pub mod profile;
 pub mod snapshot;
 pub mod vcpu;
 pub mod vcpu_state;

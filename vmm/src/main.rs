@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use vmm::config::{self, VmConfig, DEFAULT_CMDLINE, DEFAULT_MEM};
+use vmm::config::{self, VmConfig, DEFAULT_MEM};
 use vmm::exit::VmExit;
 use vmm::vm::Start;
 
@@ -36,11 +36,12 @@ cannot start (bad option, unreadable kernel, no /dev/kvm...), 2 when the guest \
 kernel panics, 3 when a vCPU fails.
 
 Example: printf 'uname -r\\nreboot -f\\n' | tandem run")]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Send a request to a running VM's control API and print the answer
     /// (JSON). Exit status 0 when the request succeeded, 1 otherwise.
     #[command(after_help = "\
-Verbs: status, pause, resume, metrics, shutdown, snapshot PATH.
+Verbs: status, pause, resume, metrics, shutdown, snapshot PATH, \
+profile-start [--hz N], profile-stop PATH.
 
 Example: tandem ctl --api-sock /tmp/vm.sock pause")]
     Ctl(CtlArgs),
@@ -74,6 +75,22 @@ enum Verb {
         /// The snapshot file to write.
         path: PathBuf,
     },
+    /// Start sampling where the guest's vCPUs spend their time (see
+    /// `tandem run --help`, --guest-profile); end with profile-stop.
+    ProfileStart {
+        /// Samples per second of each vCPU (1 to 10000).
+        #[arg(long, value_name = "N", default_value_t = vmm::profile::DEFAULT_HZ)]
+        hz: u32,
+    },
+    /// Stop the profile, write its folded stacks to PATH (written by the
+    /// VMM) and print the top functions.
+    ProfileStop {
+        /// The folded-stacks file to write.
+        path: PathBuf,
+        /// Print the VMM's JSON answer instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -87,8 +104,11 @@ struct RunArgs {
     #[arg(long, value_name = "PATH")]
     initrd: Option<PathBuf>,
     /// Kernel command line. Parameters this host's KVM needs are appended.
-    #[arg(long, value_name = "STR", default_value = DEFAULT_CMDLINE)]
-    cmdline: String,
+    /// Default: "console=ttyS0 reboot=k panic=1", with "quiet" on hosts
+    /// whose KVM emulates the guest kernel (printing the boot log there
+    /// costs seconds).
+    #[arg(long, value_name = "STR")]
+    cmdline: Option<String>,
     /// Guest memory: a number with K, M, G or T (a plain number is MiB).
     /// Default: 128M, or the snapshot's with --restore.
     #[arg(long, value_name = "SIZE", value_parser = config::parse_mem)]
@@ -142,6 +162,47 @@ struct RunArgs {
     /// what differs.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline"])]
     restore: Option<PathBuf>,
+    /// Profile the guest from start to end into FILE: each vCPU's
+    /// instruction pointer is sampled --guest-profile-hz times a second
+    /// (the vCPU is kicked out of KVM_RUN and its registers read), with the
+    /// kernel call chain read from guest memory when the guest kernel keeps
+    /// frame pointers; user-mode samples count as [user]. FILE gets folded
+    /// stacks (what flamegraph tools read, e.g. `inferno-flamegraph FILE >
+    /// boot.svg`), and the top 30 functions are printed on stderr at exit.
+    /// For a window on a running VM: `tandem ctl profile-start/profile-stop`.
+    #[arg(long, value_name = "FILE")]
+    guest_profile: Option<PathBuf>,
+    /// Samples per second and vCPU for --guest-profile (1 to 10000).
+    #[arg(long, value_name = "N", default_value_t = vmm::profile::DEFAULT_HZ,
+          requires = "guest_profile",
+          value_parser = |s: &str| -> Result<u32, String> {
+              let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+              vmm::profile::check_hz(n).map_err(|e| e.to_string())
+          })]
+    guest_profile_hz: u32,
+    /// Names for profiled addresses: an ELF vmlinux or a System.map. Default:
+    /// the --kernel when it is an ELF vmlinux (a bzImage has no symbols:
+    /// give its System.map); needed for --restore.
+    #[arg(long, value_name = "FILE")]
+    guest_symbols: Option<PathBuf>,
+}
+
+impl RunArgs {
+    /// The profiler's settings; an unreadable --guest-symbols is an error.
+    fn profile(&self, kernel: Option<&std::path::Path>) -> Result<config::ProfileConfig, String> {
+        if let Some(s) = &self.guest_symbols {
+            vmm::profile::symbols::Symbols::load(s).map_err(|e| format!("--guest-symbols: {e}"))?;
+        }
+        let symbols = self
+            .guest_symbols
+            .clone()
+            .or_else(|| kernel.filter(|k| config::is_elf(k)).map(Into::into));
+        Ok(config::ProfileConfig {
+            file: self.guest_profile.clone(),
+            hz: self.guest_profile_hz,
+            symbols,
+        })
+    }
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
@@ -157,13 +218,29 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
         Verb::Metrics => serde_json::json!({"cmd": "metrics"}),
         Verb::Shutdown => serde_json::json!({"cmd": "shutdown"}),
         Verb::Snapshot { path } => serde_json::json!({"cmd": "snapshot", "path": path}),
+        Verb::ProfileStart { hz } => serde_json::json!({"cmd": "profile_start", "hz": hz}),
+        Verb::ProfileStop { path, .. } => {
+            // The VMM writes the file: give it a path that means the same there.
+            let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+            serde_json::json!({"cmd": "profile_stop", "path": path})
+        }
     };
+    let table = matches!(args.verb, Verb::ProfileStop { json: false, .. });
     match vmm::api::request(&args.api_sock, &req) {
         Ok(answer) => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&answer).unwrap_or_default()
-            );
+            match answer["table"].as_str() {
+                Some(t) if table => println!(
+                    "{} samples in {:.1} s ({} user) -> {}\n{t}",
+                    answer["samples"],
+                    answer["seconds"].as_f64().unwrap_or(0.0),
+                    answer["user_samples"],
+                    answer["file"].as_str().unwrap_or("?"),
+                ),
+                _ => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&answer).unwrap_or_default()
+                ),
+            }
             if answer["ok"] == true {
                 ExitCode::SUCCESS
             } else {
@@ -198,20 +275,23 @@ fn main() -> ExitCode {
         }
     };
     let args = match cli.command {
-        Command::Run(args) => args,
+        Command::Run(args) => *args,
         Command::Ctl(ctl) => return run_ctl(ctl),
     };
+    let host = vmm::host::HostKind::detect();
+    let cmdline = args
+        .cmdline
+        .clone()
+        .unwrap_or_else(|| config::default_cmdline(host));
     if args.print_cmdline {
-        println!(
-            "{}",
-            vmm::vm::effective_cmdline(&args.cmdline, vmm::host::HostKind::detect())
-        );
+        println!("{}", vmm::vm::effective_cmdline(&cmdline, host));
         return ExitCode::SUCCESS;
     }
 
     if let Some(path) = args.restore.clone() {
         return restore(&path, args);
     }
+
     let mem = match args.mem {
         Some(m) => m,
         None => match config::parse_mem(DEFAULT_MEM) {
@@ -223,29 +303,38 @@ fn main() -> ExitCode {
     if let Err(e) = config::check_mem_fits(mem, &asked_mem) {
         return fail(e);
     }
-    let (kernel, initrd) = match args.kernel {
-        Some(k) => (k, args.initrd),
+    let (kernel, initrd) = match args.kernel.clone() {
+        Some(k) => (k, args.initrd.clone()),
         None => match config::default_guest() {
-            Ok((k, i)) => (k, Some(args.initrd.unwrap_or(i))),
+            Ok((k, i)) => (k, Some(args.initrd.clone().unwrap_or(i))),
             Err(e) => return fail(e),
         },
+    };
+    let profile = match args.profile(Some(&kernel)) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
     };
     let cfg = VmConfig {
         kernel,
         initrd,
-        cmdline: args.cmdline,
+        cmdline,
         mem_bytes: mem,
         cpus: args.cpus.unwrap_or(1),
         nets: args.nets,
         disks: args.disks,
         metrics: args.metrics,
         api_sock: args.api_sock,
+        profile,
     };
     finish(vmm::vm::run(&cfg))
 }
 
 /// `tandem run --restore FILE`: verify everything, then build and run.
 fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
+    let profile = match args.profile(None) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
     let mut disks = args.disks;
     let snap = match vmm::snapshot::load(path, args.mem, args.cpus, &args.nets, &mut disks) {
         Ok(s) => s,
@@ -265,6 +354,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         disks,
         metrics: args.metrics,
         api_sock: args.api_sock,
+        profile,
     };
     finish(vmm::vm::run_from(&cfg, Start::Restore(Box::new(snap))))
 }

@@ -10,7 +10,14 @@
 //!   of gate between loop turns and parks there (it is woken by an eventfd).
 //!
 //! Never blocks a vCPU on anything but the gate while paused.
+//!
+//! The kick signal's handler sets `immediate_exit` in the `kvm_run` of the
+//! thread it lands on (registered by the vCPU thread with
+//! [`set_thread_kvm_run`]), so a kick that arrives just before `KVM_RUN`
+//! makes it return at once instead of being lost until the next exit. The
+//! vCPU thread clears it at each clean point.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -36,12 +43,69 @@ pub fn kick_signal() -> libc::c_int {
     SIGRTMIN()
 }
 
-extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+thread_local! {
+    /// This thread's `kvm_run` (vCPU threads only), for the kick handler.
+    static KVM_RUN: Cell<*mut kvm_bindings::kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
 
-/// Installs the (empty) handler of the kick signal; without one the signal
-/// would end the process. Call once before starting vCPU threads.
+/// Registers `run` as the calling vCPU thread's `kvm_run`, so that a kick
+/// sets its `immediate_exit`; null unregisters (before the vCPU fd goes).
+pub fn set_thread_kvm_run(run: *mut kvm_bindings::kvm_run) {
+    KVM_RUN.with(|c| c.set(run));
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Only a const-initialized thread-local Cell and a volatile store: both
+    // are async-signal-safe.
+    let run = KVM_RUN.with(Cell::get);
+    if !run.is_null() {
+        // SAFETY: a non-null pointer is this thread's own live `kvm_run`
+        // mapping, registered by the vCPU thread while it owns its vCPU fd
+        // and cleared before the fd is dropped; the signal runs on this
+        // thread, so the mapping cannot go away meanwhile.
+        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
+    }
+}
+
+/// Installs the handler of the kick signal (without one the signal would
+/// end the process). Call once before starting vCPU threads.
 pub fn install_kick_handler() -> Result<(), PauseError> {
     register_signal_handler(kick_signal(), on_kick).map_err(PauseError::Signal)
+}
+
+/// Lets other threads kick one vCPU thread, safely whether it still runs or
+/// not: the thread registers itself when it starts and unregisters before it
+/// ends, and a kick is sent only to a registered thread.
+#[derive(Default)]
+pub struct ThreadKick {
+    thread: Mutex<Option<libc::pthread_t>>,
+}
+
+impl ThreadKick {
+    /// Registers the calling thread as the one to kick.
+    pub fn register_current(&self) {
+        // SAFETY: pthread_self has no preconditions.
+        *devices::bus::lock(&self.thread) = Some(unsafe { libc::pthread_self() });
+    }
+
+    /// Unregisters the thread (called by it before it ends).
+    pub fn unregister(&self) {
+        *devices::bus::lock(&self.thread) = None;
+    }
+
+    /// Sends the kick signal to the registered thread, if any.
+    pub fn kick(&self) {
+        let t = devices::bus::lock(&self.thread);
+        if let Some(thread) = *t {
+            // SAFETY: the thread is registered, so it has not ended (it
+            // unregisters under this lock before it does) and its pthread_t
+            // is valid; the kick signal has a handler.
+            let rc = unsafe { libc::pthread_kill(thread, kick_signal()) };
+            if rc != 0 {
+                log::debug!("kick: pthread_kill: {rc}");
+            }
+        }
+    }
 }
 
 #[derive(Default)]

@@ -1,6 +1,10 @@
 //! vCPU threads: one per vCPU, each a `KVM_RUN` loop that sends port I/O to
 //! the bus and reports how the VM ended. A vCPU thread never blocks on
 //! anything but KVM_RUN and the lock of the device it is accessing.
+//!
+//! At each clean point (the last exit fully handled, outside `KVM_RUN`) the
+//! thread clears `immediate_exit`, parks if a pause is asked for, and takes
+//! a profiler sample if one is wanted; every exit is counted by kind.
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -12,7 +16,9 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::emulation;
 use crate::exit::{ExitSignal, VmExit};
-use crate::pause::Gate;
+use crate::exit_counts::{ExitCounts, Kind};
+use crate::pause::{self, Gate, ThreadKick};
+use crate::profile::Profiler;
 use crate::vcpu_state;
 
 /// Work a parked vCPU thread does for the VMM thread (only it owns its fd).
@@ -39,16 +45,26 @@ pub struct Vcpu {
     pub gate: Arc<Gate>,
     /// Requests served while parked (see [`VcpuRequest`]).
     pub requests: Receiver<VcpuRequest>,
+    /// How other threads kick this one out of `KVM_RUN`.
+    pub kick: Arc<ThreadKick>,
+    pub profiler: Arc<Profiler>,
+    pub exits: Arc<ExitCounts>,
 }
 
 impl Vcpu {
     /// Starts the vCPU's thread.
-    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+    pub fn spawn(mut self) -> std::io::Result<std::thread::JoinHandle<()>> {
         std::thread::Builder::new()
             .name(format!("vcpu{}", self.id))
             .spawn(move || {
                 let exit = self.exit.clone();
-                exit.signal(self.run());
+                let kick = self.kick.clone();
+                kick.register_current();
+                pause::set_thread_kvm_run(self.fd.get_kvm_run());
+                let why = self.run();
+                kick.unregister();
+                pause::set_thread_kvm_run(std::ptr::null_mut());
+                exit.signal(why);
             })
     }
 
@@ -66,33 +82,45 @@ impl Vcpu {
         }
     }
 
-    fn run(mut self) -> VmExit {
+    fn run(&mut self) -> VmExit {
         let gate = self.gate.clone();
+        let (profiler, exits) = (self.profiler.clone(), self.exits.clone());
+        let id = usize::from(self.id);
         loop {
-            // A clean point: the last exit is fully handled. A pause kicks
-            // KVM_RUN with a signal (EINTR) and the vCPU parks here.
+            // A clean point: the last exit is fully handled. A kick (pause,
+            // profiler) sets immediate_exit and makes KVM_RUN return EINTR;
+            // it is cleared before the flags it was sent for are read, so
+            // a kick sent after this point is never lost.
+            self.fd.set_kvm_immediate_exit(0);
             gate.park_serving(|| self.serve());
+            profiler.on_vcpu_exit(id, &self.fd, &self.mem);
             match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => {
+                    exits.count_port(Kind::IoIn, port);
                     if !self.pio.read(u64::from(port), data) {
                         data.fill(0xff);
                     }
                 }
                 Ok(VcpuExit::IoOut(port, data)) => {
+                    exits.count_port(Kind::IoOut, port);
                     self.pio.write(u64::from(port), data);
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
+                    exits.count(Kind::MmioRead);
                     if !self.mmio.read(addr, data) {
                         log::debug!("vcpu{}: read of unclaimed MMIO {addr:#x}", self.id);
                         data.fill(0xff);
                     }
                 }
                 Ok(VcpuExit::MmioWrite(addr, data)) => {
+                    exits.count(Kind::MmioWrite);
                     if !self.mmio.write(addr, data) {
                         log::debug!("vcpu{}: write to unclaimed MMIO {addr:#x}", self.id);
                     }
                 }
-                Ok(VcpuExit::Hlt) | Ok(VcpuExit::Intr) | Ok(VcpuExit::IrqWindowOpen) => {}
+                Ok(VcpuExit::Hlt) | Ok(VcpuExit::Intr) | Ok(VcpuExit::IrqWindowOpen) => {
+                    exits.count(Kind::Other);
+                }
                 Ok(VcpuExit::Shutdown) => {
                     log::info!("vcpu{}: guest triple fault or shutdown: reset", self.id);
                     return VmExit::Reboot;
@@ -108,6 +136,7 @@ impl Vcpu {
                     }
                 },
                 Ok(VcpuExit::InternalError) => {
+                    exits.count(Kind::InternalError);
                     if let Err(e) = emulation::handle_internal_error(&mut self.fd, &self.mem) {
                         return VmExit::Fatal(format!("vCPU {}: {e}", self.id));
                     }
@@ -124,7 +153,9 @@ impl Vcpu {
                         self.id
                     ))
                 }
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    exits.count(Kind::Interrupted);
+                }
                 Err(e) => return VmExit::Fatal(format!("vCPU {}: KVM_RUN failed: {e}", self.id)),
             }
         }

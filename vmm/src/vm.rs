@@ -37,12 +37,13 @@ use crate::api::ApiServer;
 use crate::boot::{self, cpu, layout};
 use crate::config::{self, VmConfig};
 use crate::console::{self, ConsoleOut};
-use crate::control::SnapshotParts;
-use crate::control::VmControl;
+use crate::control::{ProfileParts, SnapshotParts, VmControl};
 use crate::cpuid;
 use crate::exit::{ExitSignal, VmExit};
+use crate::exit_counts::ExitCounts;
 use crate::host::HostKind;
-use crate::pause::{self, Gate};
+use crate::pause::{self, Gate, ThreadKick};
+use crate::profile::{ProfileError, Profiler};
 use crate::snapshot::{self, Restore, VirtioPart};
 use crate::vcpu::Vcpu;
 use crate::vcpu_state::{self, VcpuStateError};
@@ -100,6 +101,8 @@ pub enum VmError {
     Serial(io::Error),
     #[error("restoring device {id}: {err}")]
     DeviceState { id: String, err: String },
+    #[error("--guest-profile: {0}")]
+    Profile(#[from] ProfileError),
 }
 
 /// How the guest starts.
@@ -310,6 +313,9 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let vcpu_gate = Arc::new(Gate::default());
     let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
     let mut vcpu_requests = Vec::with_capacity(cfg.cpus as usize);
+    let kicks: Vec<Arc<ThreadKick>> = (0..cfg.cpus).map(|_| Arc::default()).collect();
+    let profiler = Arc::new(Profiler::new(kicks.clone()));
+    let exits = Arc::new(ExitCounts::default());
     for id in 0..cfg.cpus {
         let fd = vm
             .create_vcpu(u64::from(id))
@@ -337,6 +343,9 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             exit: exit.clone(),
             gate: vcpu_gate.clone(),
             requests,
+            kick: kicks[usize::from(id)].clone(),
+            profiler: profiler.clone(),
+            exits: exits.clone(),
         });
     }
     let vm = Arc::new(vm);
@@ -352,7 +361,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let disks = Arc::new(disks);
     let metrics = cfg.metrics.as_deref();
     if let Some(path) = metrics {
-        write_metrics(path, &metrics_json(&nets, &disks))?;
+        write_metrics(path, &metrics_json(&nets, &disks, &exits))?;
     }
     // Bound before the guest starts, so a bad path is a start-up error.
     let api = match &cfg.api_sock {
@@ -369,12 +378,15 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let raw = console::enter_raw_mode();
     let serial_for_api = serial.clone();
     console::spawn_input(serial, exit.clone(), raw)?;
+    if cfg.profile.file.is_some() {
+        profiler.start(cfg.profile.hz)?;
+    }
     let mut vcpu_threads = Vec::with_capacity(vcpus.len());
     for v in vcpus {
         vcpu_threads.push(v.spawn()?);
     }
     if let Some(mut api) = api {
-        let (nets, disks) = (nets.clone(), disks.clone());
+        let (nets, disks, exits) = (nets.clone(), disks.clone(), exits.clone());
         let mut control = VmControl::new(
             vm.clone(),
             vcpu_gate,
@@ -382,7 +394,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             device_gate,
             device_kick,
             exit.clone(),
-            Box::new(move || metrics_json(&nets, &disks)),
+            Box::new(move || metrics_json(&nets, &disks, &exits)),
             cfg.mem_bytes,
             cfg.cpus,
         );
@@ -394,6 +406,10 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             msr_indices,
             manifest,
             devices: virtio_parts,
+        });
+        control.profile = Some(ProfileParts {
+            profiler: profiler.clone(),
+            symbols: cfg.profile.symbols.clone(),
         });
         api.set_control(Box::new(control));
         main_em.add_subscriber(Arc::new(Mutex::new(api)));
@@ -407,7 +423,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
         if let Some(path) = metrics {
             if last_metrics.elapsed() >= METRICS_PERIOD {
                 last_metrics = Instant::now();
-                if let Err(e) = write_metrics(path, &metrics_json(&nets, &disks)) {
+                if let Err(e) = write_metrics(path, &metrics_json(&nets, &disks, &exits)) {
                     log::warn!("{e}");
                 }
             }
@@ -416,9 +432,12 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let why = exit.reason();
     console::restore_terminal();
     if let Some(path) = metrics {
-        if let Err(e) = write_metrics(path, &metrics_json(&nets, &disks)) {
+        if let Err(e) = write_metrics(path, &metrics_json(&nets, &disks, &exits)) {
             log::warn!("{e}");
         }
+    }
+    if let Some(file) = &cfg.profile.file {
+        write_profile(&profiler, file, cfg.profile.symbols.as_deref());
     }
     log::info!("{}", crate::emulation::summary());
     Ok(why)
@@ -624,8 +643,26 @@ impl crate::api::Control for NoControl {
     }
 }
 
+/// Ends the profile the VM ran under (`--guest-profile`): writes the
+/// folded stacks and prints the table on stderr.
+fn write_profile(profiler: &Profiler, file: &Path, symbols: Option<&Path>) {
+    if symbols.is_none() {
+        eprintln!(
+            "tandem: guest profile: no symbols (the kernel is not an ELF file): \
+             addresses stay hex; give --guest-symbols System.map"
+        );
+    }
+    match profiler.stop().and_then(|p| p.write(file, symbols)) {
+        Ok(summary) => eprint!("{}", summary.text()),
+        Err(crate::profile::ProfileError::NotRunning) => {
+            log::info!("guest profile: stopped through the API before the end");
+        }
+        Err(e) => eprintln!("tandem: guest profile: {e}"),
+    }
+}
+
 /// The device counters as JSON.
-fn metrics_json(nets: &[NetReport], disks: &[DiskReport]) -> serde_json::Value {
+fn metrics_json(nets: &[NetReport], disks: &[DiskReport], exits: &ExitCounts) -> serde_json::Value {
     let blk: Vec<serde_json::Value> = disks
         .iter()
         .map(|d| {
@@ -653,6 +690,7 @@ fn metrics_json(nets: &[NetReport], disks: &[DiskReport]) -> serde_json::Value {
         "net": list,
         "blk": blk,
         "emulation": crate::emulation::counts(),
+        "exits": exits.json(),
     })
 }
 
