@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! 0x0000_0500  GDT               0x0000_0520  IDT (empty)
+//! 0x0000_6000  setup_data (RNG seed)
 //! 0x0000_7000  boot_params       0x0000_8ff0  boot stack (top)
 //! 0x0000_9000  PML4, PDPT, PD    0x0002_0000  kernel command line
 //! 0x0009_fc00  MP table (EBDA)   0x0010_0000  kernel (high memory)
@@ -10,6 +11,8 @@
 
 pub const GDT_START: u64 = 0x500;
 pub const IDT_START: u64 = 0x520;
+/// The boot protocol's `setup_data` list (one entry: the RNG seed).
+pub const SETUP_DATA_START: u64 = 0x6000;
 pub const ZERO_PAGE_START: u64 = 0x7000;
 pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
 pub const PML4_START: u64 = 0x9000;

@@ -51,6 +51,8 @@ pub enum BootError {
     Memory(#[from] vm_memory::GuestMemoryError),
     #[error(transparent)]
     Mptable(#[from] mptable::MptableError),
+    #[error("cannot read random bytes for the guest's RNG seed: {0}")]
+    RngSeed(std::io::Error),
 }
 
 /// What the vCPUs need from a loaded kernel.
@@ -79,6 +81,10 @@ const KERNEL_MIN_ALIGNMENT: u32 = 0x0100_0000;
 const DEFAULT_INITRD_ADDR_MAX: u64 = 0x7fff_ffff;
 const E820_RAM: u32 = 1;
 const E820_RESERVED: u32 = 2;
+/// `setup_data` type of a random seed for the guest's RNG (Linux 5.20+).
+const SETUP_RNG_SEED: u32 = 9;
+/// Bytes of seed: 256 bits, what Linux needs to call its RNG initialized.
+const RNG_SEED_LEN: usize = 32;
 
 /// Loads everything into `mem` and returns where to start.
 pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootError> {
@@ -173,6 +179,7 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootErro
         };
     }
     params.e820_entries = e820.len() as u8;
+    params.hdr.setup_data = write_rng_seed(mem)?;
     mem.write_obj(params, GuestAddress(ZERO_PAGE_START))?;
     mptable::write(mem, spec.num_cpus)?;
 
@@ -182,6 +189,38 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootErro
         result.kernel_load.raw_value()
     };
     Ok(BootInfo { entry, bzimage })
+}
+
+/// Writes a `setup_data` entry with 32 bytes from the host's RNG and
+/// returns its address. Linux mixes it into its RNG early at boot and, when
+/// it trusts the boot loader (`CONFIG_RANDOM_TRUST_BOOTLOADER`, or
+/// `random.trust_bootloader=on`), counts its RNG initialized at once: no
+/// boot-time wait for entropy (on this host, a `getrandom()` early in user
+/// space otherwise spins the kernel's jitter-entropy loop for seconds under
+/// emulation). QEMU passes the same seed.
+fn write_rng_seed(mem: &GuestMemoryMmap) -> Result<u64, BootError> {
+    let mut seed = [0u8; RNG_SEED_LEN];
+    let mut got = 0;
+    while got < seed.len() {
+        // SAFETY: the buffer is valid for writes of the length given.
+        let n = unsafe { libc::getrandom(seed[got..].as_mut_ptr().cast(), seed.len() - got, 0) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(BootError::RngSeed(err));
+            }
+            continue;
+        }
+        got += n as usize;
+    }
+    // struct setup_data { u64 next; u32 type; u32 len; u8 data[]; }
+    let mut entry = Vec::with_capacity(16 + RNG_SEED_LEN);
+    entry.extend_from_slice(&0u64.to_le_bytes());
+    entry.extend_from_slice(&SETUP_RNG_SEED.to_le_bytes());
+    entry.extend_from_slice(&(RNG_SEED_LEN as u32).to_le_bytes());
+    entry.extend_from_slice(&seed);
+    mem.write_slice(&entry, GuestAddress(SETUP_DATA_START))?;
+    Ok(SETUP_DATA_START)
 }
 
 fn build_cmdline(s: &str, max: usize) -> Result<Cmdline, BootError> {
