@@ -2,8 +2,12 @@
 # Builds the default tandem guest from Debian packages only:
 #   target/guest/vmlinux         ELF kernel (boot this one: no self-decompression)
 #   target/guest/bzImage         the same kernel as a bzImage
-#   target/guest/initramfs.cpio  uncompressed busybox initramfs, with the
-#                                guest tools (resources/guest-tools/*.c, static)
+#   target/guest/initramfs.cpio  uncompressed busybox initramfs, /init built
+#                                from resources/initramfs/init.c, with the
+#                                guest tools (resources/guest-tools/*.c, static
+#                                with musl: a few KiB each instead of glibc's
+#                                ~750 KiB, which the guest kernel would copy
+#                                into its page cache at every boot)
 #
 # Idempotent and cached: each output is built once into
 # ${TANDEM_CACHE:-~/.cache/tandem}, keyed by a hash of its inputs (config,
@@ -24,7 +28,7 @@ log() { printf 'build-guest: %s\n' "$*" >&2; }
 
 install_deps() {
     local pkgs=(linux-source-6.1 busybox-static bc bison flex libelf-dev libssl-dev
-        cpio xz-utils make gcc libc6-dev e2fsprogs)
+        cpio xz-utils make gcc libc6-dev musl-tools e2fsprogs)
     local missing=()
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
@@ -91,7 +95,7 @@ build_kernel() {
 
 build_initramfs() {
     local key file root
-    key=$( (pkgver busybox-static; pkgver libc6-dev; pkgver gcc; cat "$here/initramfs/init" "$here"/guest-tools/*.c;
+    key=$( (pkgver busybox-static; pkgver musl-tools; pkgver gcc; cat "$here/initramfs/init.c" "$here"/guest-tools/*.c;
         sed -n '/^build_initramfs()/,/^}/p' "$0") | sha256sum | cut -c1-16)
     file="$cache/initramfs-$key.cpio"
     if [ -f "$file" ]; then
@@ -99,18 +103,28 @@ build_initramfs() {
     else
         log "building initramfs"
         root=$(mktemp -d)
-        mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,root,etc,mnt}
+        # Merged /usr, as on Debian 12: every program is in /bin, and /sbin,
+        # /usr/bin and /usr/sbin lead there. The kernel unpacks each cpio
+        # entry with path lookups that cost milliseconds under emulation, so
+        # the image holds one link per applet and short paths.
+        mkdir -p "$root"/{bin,usr,proc,sys,dev,tmp,root,etc,mnt}
+        ln -s bin "$root/sbin"
+        ln -s ../bin "$root/usr/bin"
+        ln -s ../bin "$root/usr/sbin"
         cp /bin/busybox "$root/bin/busybox"
         # Applet links are made here, not at boot: every exec costs a lot under emulation.
         local applet
-        for applet in $("$root/bin/busybox" --list-full); do
-            [ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
+        for applet in $("$root/bin/busybox" --list); do
+            [ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
         done
-        install -m 0755 "$here/initramfs/init" "$root/init"
-        # Guest tools: static, so they need nothing else in the image.
+        # /init: tandem-init (resources/initramfs/init.c), static with musl.
+        musl-gcc -static -O2 -s -Wall -Wextra -Werror -o "$root/init" "$here/initramfs/init.c"
+        # Guest tools: static, so they need nothing else in the image, and
+        # small (musl, stripped): every byte is copied by the emulated kernel.
         local tool
         for tool in "$here"/guest-tools/*.c; do
-            gcc -static -O2 -Wall -Wextra -o "$root/usr/bin/$(basename "$tool" .c)" "$tool"
+            musl-gcc -static -O2 -s -Wall -Wextra -Werror \
+                -o "$root/bin/$(basename "$tool" .c)" "$tool"
         done
         echo 'root:x:0:0:root:/root:/bin/sh' >"$root/etc/passwd"
         echo 'root:x:0:' >"$root/etc/group"

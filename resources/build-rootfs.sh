@@ -2,10 +2,10 @@
 # Builds the default guest's root file system as an ext4 image, to boot from
 # a virtio-blk disk (root=/dev/vda, no initramfs):
 #   target/guest/rootfs.ext4   busybox with its applet links, /sbin/init (the
-#                              initramfs's init script), /usr/bin/blktool
+#                              initramfs's tandem-init), /usr/bin/blktool
 #
 # Debian packages only (busybox-static, e2fsprogs, gcc and libc6-dev for the
-# static blktool); the image is made by `mkfs.ext4 -d` from a tree built
+# static blktool, musl-tools for tandem-init); the image is made by `mkfs.ext4 -d` from a tree built
 # like the initramfs's, no mounting and no root privileges needed.
 #
 # Idempotent and cached like build-guest.sh: built once into
@@ -26,7 +26,7 @@ size=64M
 log() { printf 'build-rootfs: %s\n' "$*" >&2; }
 
 install_deps() {
-    local pkgs=(busybox-static e2fsprogs gcc libc6-dev) missing=() p
+    local pkgs=(busybox-static e2fsprogs gcc libc6-dev musl-tools) missing=() p
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
     done
@@ -42,8 +42,8 @@ pkgver() { dpkg-query -W -f='${Version}' "$1"; }
 
 build_rootfs() {
     local key file root applet
-    key=$( (pkgver busybox-static; pkgver e2fsprogs; pkgver gcc; pkgver libc6-dev; echo "$size"
-        cat "$here/initramfs/init" "$here/rootfs/blktool.c"
+    key=$( (pkgver busybox-static; pkgver e2fsprogs; pkgver gcc; pkgver libc6-dev; pkgver musl-tools; echo "$size"
+        cat "$here/initramfs/init.c" "$here/rootfs/blktool.c"
         sed -n '/^build_rootfs()/,/^}/p' "$0") | sha256sum | cut -c1-16)
     file="$cache/rootfs-$key.ext4"
     if [ -f "$file" ]; then
@@ -59,9 +59,9 @@ build_rootfs() {
         for applet in $("$root/bin/busybox" --list-full); do
             [ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
         done
-        # The kernel runs /sbin/init from a disk root: our script, not busybox's init.
+        # The kernel runs /sbin/init from a disk root: tandem-init, not busybox's init.
         rm -f "$root/sbin/init"
-        install -m 0755 "$here/initramfs/init" "$root/sbin/init"
+        musl-gcc -static -O2 -s -Wall -Wextra -Werror -o "$root/sbin/init" "$here/initramfs/init.c"
         gcc -static -O2 -Wall -Werror -o "$root/usr/bin/blktool" "$here/rootfs/blktool.c"
         echo 'root:x:0:0:root:/root:/bin/sh' >"$root/etc/passwd"
         echo 'root:x:0:' >"$root/etc/group"
