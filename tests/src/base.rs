@@ -30,7 +30,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
@@ -340,7 +340,7 @@ impl TestVm {
         let t = Instant::now();
         let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
         vm.remove_on_drop(copy);
-        vm.ok("true", Duration::from_secs(120));
+        vm.ok("true", crate::CMD_TIMEOUT);
         eprintln!(
             "restored the base guest in {:.1} s",
             t.elapsed().as_secs_f64()

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tandem_tests::netns::NetNs;
 use tandem_tests::{ctl, TestVm};
 
-const CMD: Duration = Duration::from_secs(180);
+const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 
 /// Sends raw lines on one connection and reads one answer per line.
 fn raw(sock: &Path, lines: &[&[u8]]) -> Vec<Value> {
@@ -139,7 +139,7 @@ fn control_api_pause_resume_metrics_shutdown() {
     // Shutdown ends the VMM with status 0 and removes the socket.
     let (code, a) = ctl(&sock, &["shutdown"]);
     assert_eq!(code, 0, "{a}");
-    let st = vm.wait_exit(Duration::from_secs(60));
+    let st = vm.wait_exit(tandem_tests::budget(Duration::from_secs(20)));
     assert_eq!(st.code(), Some(0));
     assert!(!sock.exists(), "socket left behind");
     let (code, _) = ctl(&sock, &["status"]);

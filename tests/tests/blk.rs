@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use tandem_tests::netns::NetNs;
 use tandem_tests::{guest_file, tandem_bin, tandem_output, TestVm};
 
-const CMD: Duration = Duration::from_secs(180);
+const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 const MIB: usize = 1 << 20;
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
@@ -240,7 +240,7 @@ fn root_disk_and_data_disks_on_a_real_guest() {
 
     // Reboot: tandem exits 0, and what the guest synced is in the image.
     vm.send("reboot -f\n");
-    let st = vm.wait_exit(Duration::from_secs(120));
+    let st = vm.wait_exit(tandem_tests::budget(Duration::from_secs(40)));
     assert_eq!(st.code(), Some(0), "{}", vm.stderr());
     let image = root.to_str().unwrap();
     // The guest did not unmount: e2fsck replays the journal (exit 1, "fixed")

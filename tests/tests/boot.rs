@@ -1,13 +1,12 @@
 //! Boots real guests under KVM and checks them through the serial console.
 //! Each test is one boot (about a minute or two here): checks share it.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tandem_tests::{guest_file, require_kvm, tail, tandem_bin, TestVm};
+use tandem_tests::{guest_file, tail, TestVm};
 
-const CMD: Duration = Duration::from_secs(120);
-const EXIT: Duration = Duration::from_secs(120);
+const CMD: Duration = tandem_tests::CMD_TIMEOUT;
+const EXIT: Duration = tandem_tests::budget(Duration::from_secs(30));
 
 #[test]
 fn default_guest_on_one_vcpu_runs_commands_and_reboots() {
@@ -29,7 +28,7 @@ fn default_guest_on_one_vcpu_runs_commands_and_reboots() {
     // 100 programs started one after another, each a fresh exec.
     let count = vm.ok(
         "i=0; while [ $i -lt 100 ] && /bin/true; do i=$((i+1)); done; echo $i",
-        Duration::from_secs(600),
+        tandem_tests::budget(Duration::from_secs(120)),
     );
     assert_eq!(count, "100");
 
@@ -57,38 +56,26 @@ fn two_vcpus_boot_and_poweroff_exits_zero() {
 
 #[test]
 fn bzimage_boots_from_a_pipe_and_eof_does_not_stop_the_guest() {
-    require_kvm();
     // The README's example: all input is in the pipe before the guest boots,
     // and stdin reaches EOF at once. Nothing may be lost.
     let kernel = guest_file("bzImage");
     let initrd = guest_file("initramfs.cpio");
-    let out = Command::new("timeout")
-        .arg("600")
-        .arg(tandem_bin())
-        .args(["run", "--kernel"])
-        .arg(&kernel)
-        .arg("--initrd")
-        .arg(&initrd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin
-                .take()
-                .unwrap()
-                .write_all(b"uname -r\necho sum=$((40+2))\nreboot -f\n")?;
-            c.wait_with_output()
-        })
-        .expect("run tandem");
-    let console = String::from_utf8_lossy(&out.stdout).replace('\r', "");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let mut vm = TestVm::start(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--initrd",
+        initrd.to_str().unwrap(),
+    ]);
+    vm.send("uname -r\necho sum=$((40+2))\nreboot -f\n");
+    vm.close_stdin();
+    let st = vm.wait_exit(tandem_tests::BOOT_TIMEOUT);
+    let console = vm.console();
     assert_eq!(
-        out.status.code(),
+        st.code(),
         Some(0),
-        "console:\n{}\nstderr:\n{err}",
-        tail(&console, 3000)
+        "console:\n{}\nstderr:\n{}",
+        tail(&console, 3000),
+        vm.stderr()
     );
     assert!(
         console.lines().any(|l| l.starts_with("6.1.")),
@@ -112,7 +99,7 @@ fn guest_panic_ends_tandem_with_an_error() {
         "--cmdline",
         "console=ttyS0 rdinit=/bin/false",
     ]);
-    let st = vm.wait_exit(Duration::from_secs(420));
+    let st = vm.wait_exit(tandem_tests::BOOT_TIMEOUT);
     assert_eq!(st.code(), Some(2), "stderr: {}", vm.stderr());
     let err = vm.stderr();
     assert!(

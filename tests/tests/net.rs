@@ -21,8 +21,8 @@ use tandem_tests::base::{GUEST_IP0, GUEST_IP1, HOST_IP0, HOST_IP1, MAC0, MAC1, P
 use tandem_tests::netns::NetNs;
 use tandem_tests::{hex, TestVm};
 
-const CMD: Duration = Duration::from_secs(180);
-const XFER: Duration = Duration::from_secs(900);
+const CMD: Duration = tandem_tests::CMD_TIMEOUT;
+const XFER: Duration = tandem_tests::budget(Duration::from_secs(300));
 
 fn data(len: usize) -> Vec<u8> {
     tandem_tests::pseudo_random(len, 0x9e37_79b9_7f4a_7c15)
@@ -81,7 +81,7 @@ fn two_nics_ping_and_tcp_both_ways() {
     let sender = {
         let blob = blob.clone();
         ns.spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(120);
+            let deadline = Instant::now() + tandem_tests::budget(Duration::from_secs(30));
             let mut s = loop {
                 match TcpStream::connect((GUEST_IP0, 5001)) {
                     Ok(s) => break s,
@@ -134,7 +134,7 @@ fn two_nics_ping_and_tcp_both_ways() {
     );
 
     vm.send("reboot -f\n");
-    let st = vm.wait_exit(Duration::from_secs(120));
+    let st = vm.wait_exit(tandem_tests::budget(Duration::from_secs(40)));
     assert_eq!(st.code(), Some(0));
 
     // Every frame the device took from eth1's TX queue reached tap1: the
@@ -191,7 +191,7 @@ fn receive_flood(far: &NetNs) -> std::thread::JoinHandle<Received> {
                 Ok(_) => {}
                 Err(_) => {
                     quiet += 1;
-                    let waited = start.elapsed() > Duration::from_secs(600);
+                    let waited = start.elapsed() > tandem_tests::budget(Duration::from_secs(120));
                     if (r.packets > 0 && quiet >= 10) || waited {
                         return r;
                     }

@@ -24,8 +24,8 @@ use tandem_tests::base::{GUEST_IP0, GUEST_IP1, HOST_IP0, HOST_IP1, PREFIX};
 use tandem_tests::netns::NetNs;
 use tandem_tests::{hex, TestVm};
 
-const CMD: Duration = Duration::from_secs(180);
-const XFER: Duration = Duration::from_secs(900);
+const CMD: Duration = tandem_tests::CMD_TIMEOUT;
+const XFER: Duration = tandem_tests::budget(Duration::from_secs(300));
 const LEN: usize = 2 << 20;
 /// Most frames the receive path may hold for a guest without buffers
 /// (`devices::virtio::net::rx_pump::MAX_HELD`).
@@ -76,7 +76,7 @@ fn send(ns: &NetNs, vm: &mut TestVm, addr: &'static str, port: u16, blob: &[u8])
     let sender = {
         let blob = blob.to_vec();
         ns.spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(120);
+            let deadline = Instant::now() + tandem_tests::budget(Duration::from_secs(30));
             let mut s = loop {
                 match TcpStream::connect((addr, port)) {
                     Ok(s) => break s,
@@ -185,7 +185,7 @@ fn rsc_on_coalesces_rsc_off_does_not_and_both_deliver_every_byte() {
     assert!(c1["rx_held_max"].as_u64().unwrap() <= 1, "{m}");
 
     vm.send("reboot -f\n");
-    let st = vm.wait_exit(Duration::from_secs(120));
+    let st = vm.wait_exit(tandem_tests::budget(Duration::from_secs(40)));
     assert_eq!(st.code(), Some(0));
     let _ = std::fs::remove_file(&metrics_path);
 }

@@ -20,7 +20,7 @@ use tandem_tests::base::{base, DISK_ID, GUEST_IP0, HOST_IP0, MAC0, MAC1, PREFIX}
 use tandem_tests::netns::NetNs;
 use tandem_tests::{ctl, hex, pseudo_random, tandem_bin, tandem_output, TestVm};
 
-const CMD: Duration = Duration::from_secs(180);
+const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 
 fn number(vm: &mut TestVm, cmd: &str) -> f64 {
     let out = vm.ok(cmd, CMD);
@@ -62,7 +62,7 @@ fn check_restored(vm: &mut TestVm, at_snapshot: u64, up_snapshot: f64, data_sha:
     );
     assert_eq!(sha(vm), data_sha, "files changed across the restore");
     // The loop ticks about once a second of guest time.
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + tandem_tests::budget(Duration::from_secs(30));
     loop {
         std::thread::sleep(Duration::from_secs(3));
         let c2 = count(vm);
@@ -130,7 +130,7 @@ fn restore_in(ns: &NetNs, file: &Path, disk: &Path, sock: Option<&Path>) -> Test
         args.extend(["--api-sock", s.to_str().unwrap()]);
     }
     let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
-    vm.ok("true", Duration::from_secs(120));
+    vm.ok("true", CMD);
     vm
 }
 
@@ -208,7 +208,7 @@ fn snapshot_restore_twice_and_refusals() {
     let sender = {
         let (p1, p2) = (part1.clone(), part2.clone());
         ns.spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(120);
+            let deadline = Instant::now() + tandem_tests::budget(Duration::from_secs(30));
             let mut s = loop {
                 match TcpStream::connect((GUEST_IP0, 7000)) {
                     Ok(s) => break s,
@@ -224,7 +224,7 @@ fn snapshot_restore_twice_and_refusals() {
             s.shutdown(Shutdown::Write).expect("shutdown");
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Instant::now() + tandem_tests::budget(Duration::from_secs(60));
     // The background job may not have opened /tmp/rx yet.
     while vm.ok("wc -c </tmp/rx 2>/dev/null || echo 0", CMD).trim() != PART.to_string() {
         assert!(Instant::now() < deadline, "part 1 did not arrive");
@@ -263,7 +263,7 @@ fn snapshot_restore_twice_and_refusals() {
     );
     sender.join().expect("sender");
     // nc ends at the EOF that follows part 2 (the counter loop is a job too).
-    vm.ok("wait $!", Duration::from_secs(300));
+    vm.ok("wait $!", tandem_tests::budget(Duration::from_secs(60)));
     let rx = vm.ok("sha256sum /tmp/rx", CMD);
     assert_eq!(
         sum_of(&rx, "/tmp/rx"),
