@@ -5,6 +5,32 @@
 # memory (RSS minus guest RAM), min/median of N runs (default 5). QEMU loads
 # the bzImage of the same kernel (it needs a PVH note to load a vmlinux);
 # `--tandem-bzimage` also times tandem on the bzImage.
-# Usage: bench/boot.sh [--runs N] [--tandem-bzimage]
+#
+# `--before REV` adds a row for tandem as it was at git revision REV, on the
+# default guest REV built (its own kernel config, initramfs and command
+# line): the tree at REV is checked out in a temporary directory, its guest
+# built by its own resources/build-guest.sh (cached in ~/.cache/tandem like
+# ours) and its tandem by cargo; all rows run interleaved in one run.
+# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--before REV]
 source "$(dirname "$0")/common.sh"
-python3 bench/boot_measure.py "${guest_args[@]}" "$@"
+args=()
+before=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --before)
+            rev=${2:?--before needs a git revision}
+            shift 2
+            tree=$(mktemp -d "${TMPDIR:-/tmp}/tandem-before.XXXXXX")
+            trap 'git worktree remove --force "$tree" >/dev/null 2>&1; rm -rf "$tree"' EXIT
+            git worktree add --detach "$tree" "$rev" >/dev/null
+            echo "boot.sh: building tandem and its guest at $rev in $tree" >&2
+            (cd "$tree" && resources/build-guest.sh --no-deps >&2 &&
+                cargo build --release --quiet -p vmm >&2)
+            before=(--before "$(git rev-parse --short "$rev")" "$tree/target/release/tandem"
+                "$tree/target/guest/vmlinux" "$tree/target/guest/initramfs.cpio"
+                "$("$tree/target/release/tandem" run --print-cmdline)")
+            ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+python3 bench/boot_measure.py "${guest_args[@]}" "${before[@]}" "${args[@]}"

@@ -88,6 +88,8 @@ def main():
                     help="QEMU with KVM stalls on this host: give up on it sooner")
     ap.add_argument("--tandem-bzimage", action="store_true",
                     help="also time tandem booting the bzImage")
+    ap.add_argument("--before", nargs=5, metavar=("NAME", "TANDEM", "KERNEL", "INITRD", "CMDLINE"),
+                    help="also time an earlier tandem on its own default guest (bench/boot.sh --before REV)")
     args = ap.parse_args()
 
     mem = f"{args.mem_mib}M"
@@ -101,6 +103,10 @@ def main():
         "QEMU microvm (KVM)": qemu_base + ["-accel", "kvm", "-cpu", "host,-arch-capabilities"],
         "QEMU microvm (TCG)": qemu_base + ["-accel", "tcg"],
     }
+    if args.before:
+        name, tandem, kernel, initrd, cmdline = args.before
+        peers[f"tandem {name} (KVM)"] = [tandem, "run", "--kernel", kernel, "--initrd", initrd,
+                                         "--cmdline", cmdline, "--mem", mem]
     if args.tandem_bzimage:
         peers["tandem bzImage (KVM)"] = [args.tandem, "run", "--kernel", args.bzimage, "--initrd",
                                          args.initrd, "--cmdline", args.cmdline, "--mem", mem]

