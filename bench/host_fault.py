@@ -14,8 +14,11 @@ import subprocess
 import sys
 import time
 
-HOST_PARAMS_WITHOUT_FLUSH = ("noxsave clearcpuid=smap,popcnt,rdrand,rdseed,rdpid,cx16 "
-                             "nofsgsbase noinvpcid tandem_syscall_fixup io_delay=none")
+
+def host_cmdline(tandem):
+    """The default command line with what tandem appends on this host."""
+    return subprocess.run([tandem, "run", "--print-cmdline"], capture_output=True,
+                          text=True, check=True).stdout.strip()
 
 
 def read_until(p, marker, timeout, buf=b""):
@@ -34,7 +37,7 @@ def read_until(p, marker, timeout, buf=b""):
 
 
 def measure(tandem, flush, n, cpus):
-    cmdline = "console=ttyS0 reboot=k panic=1 " + HOST_PARAMS_WITHOUT_FLUSH
+    cmdline = host_cmdline(tandem)
     if flush:
         cmdline += " tandem_pte_flush"
     env = dict(os.environ, TANDEM_HOST_KIND="hardware")  # append nothing: the line is complete

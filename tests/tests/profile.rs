@@ -73,24 +73,28 @@ fn check_top(top: &Value, samples: u64) {
     assert!(share > 30.0, "{first} has only {share:.1}% of {samples}");
 }
 
+/// The base guest restored in `ns` with its control API on
+/// `sock`, the default guest's vmlinux as symbols, and `extra` arguments.
+fn restore(ns: &NetNs, sock: &Path, extra: &[&str]) -> TestVm {
+    let vmlinux = guest_file("vmlinux");
+    ns.add_bare_tap("tap0");
+    ns.add_bare_tap("tap1");
+    let mut args = vec![
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--guest-symbols",
+        vmlinux.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    TestVm::restore_base(ns, ["tap0", "tap1"], &args)
+}
+
 #[test]
 fn profile_of_a_kernel_busy_loop_through_the_api() {
     let sock = scratch("profile.sock");
     let folded = scratch("profile.folded");
-    let vmlinux = guest_file("vmlinux");
     let ns = NetNs::new("prof");
-    ns.add_bare_tap("tap0");
-    ns.add_bare_tap("tap1");
-    let mut vm = TestVm::restore_base(
-        &ns,
-        ["tap0", "tap1"],
-        &[
-            "--api-sock",
-            sock.to_str().unwrap(),
-            "--guest-symbols",
-            vmlinux.to_str().unwrap(),
-        ],
-    );
+    let mut vm = restore(&ns, &sock, &[]);
     // Nothing to stop yet; a rate out of range is refused.
     let (code, a) = ctl(&sock, &["profile-stop", folded.to_str().unwrap()]);
     assert_eq!(code, 1, "{a}");
@@ -126,22 +130,15 @@ fn profile_of_a_kernel_busy_loop_through_the_api() {
 fn whole_run_profile_prints_its_table_at_exit() {
     let sock = scratch("runprof.sock");
     let folded = scratch("runprof.folded");
-    let vmlinux = guest_file("vmlinux");
     let ns = NetNs::new("runprof");
-    ns.add_bare_tap("tap0");
-    ns.add_bare_tap("tap1");
-    let mut vm = TestVm::restore_base(
+    let mut vm = restore(
         &ns,
-        ["tap0", "tap1"],
+        &sock,
         &[
-            "--api-sock",
-            sock.to_str().unwrap(),
             "--guest-profile",
             folded.to_str().unwrap(),
             "--guest-profile-hz",
             "250",
-            "--guest-symbols",
-            vmlinux.to_str().unwrap(),
         ],
     );
     // The run's profile is running: another one cannot start.
