@@ -135,7 +135,7 @@ def main():
     t_over = mm(results["tandem (KVM)"]["overhead"])
     print(f"\nBoot to '{READY.decode()}', {args.mem_mib} MiB, 1 vCPU, {args.runs} runs, "
           f"same kernel/initramfs/cmdline;\n"
-          f"tandem (KVM) boots the ELF vmlinux, the other rows the same kernel's bzImage")
+          f"tandem rows boot the ELF vmlinux (a --before row its own), the QEMU rows the same kernel's bzImage")
     print(f"{'VMM':<22} {'ready min':>10} {'ready med':>10} {'overhead min':>13} "
           f"{'overhead med':>13} {'ready ratio':>12}  notes")
     for name, r in results.items():

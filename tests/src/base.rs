@@ -1,6 +1,6 @@
 //! The base snapshot: the default guest booted once per test run, paused
 //! and snapshotted, so that tests which are not about booting start from a
-//! restore (about a second) instead of a boot (70-110 s on hosts whose KVM
+//! restore (about a second) instead of a boot (30-40 s on hosts whose KVM
 //! emulates the guest kernel, see the README's "Known issues").
 //!
 //! The base guest: the default kernel and initramfs, 128 MiB, 1 vCPU,

@@ -1,7 +1,7 @@
 //! `TestVm`: boots a real guest with the `tandem` binary on /dev/kvm and
 //! talks to it over its serial console, as a user at a terminal would.
 //!
-//! Boots cost about a minute on hosts whose KVM emulates the guest kernel,
+//! Boots cost half a minute or more on hosts whose KVM emulates the guest kernel,
 //! so a test boots once and runs many checks, and tests that are not about
 //! booting restore the run's base snapshot instead ([`base`]). Commands run one at a time
 //! (see the README's known issues). The VMM process is always killed on drop.

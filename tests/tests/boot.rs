@@ -1,5 +1,5 @@
 //! Boots real guests under KVM and checks them through the serial console.
-//! Each test is one boot (about a minute or two here): checks share it.
+//! Each test is one boot (half a minute to a minute here): checks share it.
 
 use std::time::Duration;
 

@@ -267,9 +267,17 @@ fn main() -> ExitCode {
             ) {
                 e.exit();
             }
-            // One line: clap's first line, without its usage block.
+            // One line: clap's first line, without its usage block (and
+            // the names it lists on the next lines, e.g. missing options).
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            let mut first = lines.next().unwrap_or("invalid arguments").to_string();
+            while first.ends_with(':') {
+                match lines.next() {
+                    Some(l) if !l.starts_with("Usage:") => first = format!("{first} {l}"),
+                    _ => break,
+                }
+            }
             eprintln!("tandem: {first} (see 'tandem run --help')");
             return ExitCode::from(1);
         }
