@@ -11,3 +11,10 @@ pub mod serial;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError};
+
+/// Guest memory, as the VMM and every device see it: anonymous mappings
+/// with a dirty bitmap per region (vm-memory's `AtomicBitmap`, one bit per
+/// 4 KiB page) that every write through vm-memory's accessors marks. Live
+/// migration and COLO read it beside KVM's dirty log, which only sees the
+/// vCPUs' writes.
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use devices::GuestMemoryMmap;
 use kvm_bindings::kvm_clock_data;
 use kvm_ioctls::VmFd;
 use serde_json::{json, Value};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::api::Control;

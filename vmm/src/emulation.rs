@@ -17,9 +17,10 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use devices::GuestMemoryMmap;
 use kvm_bindings::{kvm_regs, kvm_sregs, KVM_INTERNAL_ERROR_EMULATION};
 use kvm_ioctls::VcpuFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 const BP_VECTOR: u8 = 3;
 const UD_VECTOR: u8 = 6;

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use devices::virtio::mmio::MmioTransport;
+use devices::GuestMemoryMmap;
 use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
@@ -43,9 +44,7 @@ use migration::{
     check_compatible, section, CompatError, DeviceConfig, FormatError, Manifest, MemoryError,
     SnapshotReader, SnapshotWriter, Snapshottable,
 };
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, NetSpec};

@@ -10,9 +10,9 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
 use devices::Bus;
+use devices::GuestMemoryMmap;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use migration::kvm::KvmVcpuState;
-use vm_memory::GuestMemoryMmap;
 
 use crate::emulation;
 use crate::exit::{ExitSignal, VmExit};

@@ -25,12 +25,13 @@ use devices::virtio::net::handler::NetHandler;
 use devices::virtio::net::metrics::NetMetrics;
 use devices::virtio::net::{Net, NetConfig};
 use devices::Bus;
+use devices::GuestMemoryMmap;
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::IoEventAddress;
 use kvm_ioctls::{Kvm, VmFd};
 use migration::Snapshottable;
-use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::api::ApiServer;

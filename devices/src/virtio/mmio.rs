@@ -12,8 +12,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{status, VirtioDevice, INT_CONFIG, VIRTIO_F_VERSION_1};

@@ -10,8 +10,8 @@ pub mod net;
 #[cfg(test)]
 pub(crate) mod test_util;
 
+use crate::GuestMemoryMmap;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 
 /// Feature bit: the device conforms to virtio 1.x (required by mmio v2).
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;

@@ -2,8 +2,9 @@
 //! in mock guest memory the way a guest driver would (hostile ones included),
 //! and reads back the used ring.
 
+use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress};
 
 pub const DESC: u64 = 0x1000;
 pub const AVAIL: u64 = 0x2000;

@@ -2,9 +2,10 @@
 //! identity-mapped first GiB, flat segments, RSI pointing at boot_params.
 //! Also the per-vCPU MSR and local APIC set-up every vCPU gets.
 
+use devices::GuestMemoryMmap;
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs};
 use kvm_ioctls::VcpuFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::*;
 

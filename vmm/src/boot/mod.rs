@@ -11,12 +11,11 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use devices::GuestMemoryMmap;
 use linux_loader::cmdline::Cmdline;
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use linux_loader::loader::{self, BzImage, Elf, KernelLoader};
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use layout::*;
 

@@ -2,7 +2,8 @@
 //! learns its CPUs, its IOAPIC and how ISA interrupts are wired. Written once
 //! at boot at the start of the EBDA, where Linux scans for it.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{APIC_ADDR, IOAPIC_ADDR, MPTABLE_START};
 

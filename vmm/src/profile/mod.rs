@@ -27,9 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use devices::GuestMemoryMmap;
 use kvm_ioctls::VcpuFd;
 use serde::Serialize;
-use vm_memory::GuestMemoryMmap;
 
 use crate::pause::ThreadKick;
 use stack::{ChainEnd, Paging};

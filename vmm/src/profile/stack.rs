@@ -11,7 +11,8 @@
 //! the chain (never the VM). Pure logic over guest memory, run by the vCPU
 //! thread that took the sample; it takes no lock.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 /// The most addresses one chain holds (the sampled IP included).
 pub const MAX_DEPTH: usize = 64;

@@ -4,8 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::GuestMemoryMmap;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::disk::{DiskFile, ID_BYTES};

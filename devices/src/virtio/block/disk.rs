@@ -12,10 +12,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::GuestMemoryMmap;
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryMmap, ReadVolatile, VolatileMemoryError, VolatileSlice,
-    WriteVolatile,
+    Bytes, GuestAddress, ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile,
 };
 
 /// Bytes per sector, as virtio-blk counts them.

@@ -15,8 +15,9 @@
 //! (out of range, read-only disk, bad length) completes with IOERR; an
 //! unknown type, or a feature the driver did not negotiate, with UNSUPP.
 
+use crate::GuestMemoryMmap;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::disk::{DiskFile, ID_BYTES, SECTOR_SIZE};
 use super::features;

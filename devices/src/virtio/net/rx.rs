@@ -3,8 +3,9 @@
 //! header's `num_buffers`); without it, one chain must hold it all. Pure
 //! logic over guest memory; the chains are hostile input.
 
+use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::ChainError;
 

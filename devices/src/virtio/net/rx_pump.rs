@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::Instant;
 
+use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
 
 use super::metrics::NetMetrics;
 use super::rsc::{Rsc, RscConfig, RscCounters, MAX_FLOWS};

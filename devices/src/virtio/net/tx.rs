@@ -1,8 +1,9 @@
 //! TX: turns a guest descriptor chain into one frame for the tap.
 //! Pure logic over guest memory; the chain is hostile input.
 
+use crate::GuestMemoryMmap;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestMemoryMmap};
+use vm_memory::Bytes;
 
 use super::tap::VNET_HDR_LEN;
 use super::ChainError;
