@@ -41,6 +41,16 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Whether tandem treats this host as emulated (`kvm_pvm`, or
+/// `TANDEM_HOST_KIND=emulated`): the rule of `vmm/src/host.rs`.
+pub fn host_is_emulated() -> bool {
+    match std::env::var("TANDEM_HOST_KIND").as_deref() {
+        Ok("hardware") => false,
+        Ok("emulated") => true,
+        _ => std::path::Path::new("/sys/module/kvm_pvm").exists(),
+    }
+}
+
 /// The `tandem` binary built by the test command (same profile as the tests).
 pub fn tandem_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
