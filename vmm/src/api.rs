@@ -11,6 +11,8 @@
 //! {"cmd":"snapshot","path":"F"}    -> {"ok":true,"path":"F","file_bytes":...}
 //! {"cmd":"profile_start","hz":N}   -> {"ok":true,"hz":N,...} (hz optional, default 1000)
 //! {"cmd":"profile_stop","path":"F"} -> {"ok":true,"samples":...,"top":[...],"table":"..."}
+//! {"cmd":"dirty_log","action":"start"|"read"|"stop"}
+//!                                  -> {"ok":true,"logging":...,"pages":...,"kvm_pages":...,...}
 //! ```
 //! Any failure is `{"ok":false,"error":"..."}`; a malformed request, an
 //! oversized line or a client that goes away never affects the VM.
@@ -52,6 +54,30 @@ pub enum Request {
     Snapshot { path: PathBuf },
     ProfileStart { hz: u32 },
     ProfileStop { path: PathBuf },
+    DirtyLog { action: DirtyLogAction },
+}
+
+/// What `dirty_log` does: turn KVM's dirty log on, read (and reset) what
+/// was written since the last read, or turn it off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirtyLogAction {
+    Start,
+    Read,
+    Stop,
+}
+
+impl DirtyLogAction {
+    /// `start`, `read` or `stop`.
+    pub fn parse(s: &str) -> Result<DirtyLogAction, String> {
+        match s {
+            "start" => Ok(DirtyLogAction::Start),
+            "read" => Ok(DirtyLogAction::Read),
+            "stop" => Ok(DirtyLogAction::Stop),
+            other => Err(format!(
+                "dirty_log: \"action\" is start, read or stop, not {other:?}"
+            )),
+        }
+    }
 }
 
 /// What the VM does for each verb. Errors are messages for the client.
@@ -72,6 +98,10 @@ pub trait Control {
     /// Stops the guest profiler and writes its folded stacks to `path`.
     fn profile_stop(&mut self, _path: &Path) -> Result<Value, String> {
         Err("profiling is not available".into())
+    }
+    /// Starts, reads or stops the dirty log of guest memory.
+    fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, String> {
+        Err("the dirty log is not available".into())
     }
 }
 
@@ -123,6 +153,18 @@ impl Request {
                 },
                 &["path"],
             ),
+            "dirty_log" => {
+                let action = obj
+                    .get("action")
+                    .and_then(Value::as_str)
+                    .ok_or("dirty_log needs an \"action\" string")?;
+                (
+                    Request::DirtyLog {
+                        action: DirtyLogAction::parse(action)?,
+                    },
+                    &["action"],
+                )
+            }
             other => return Err(format!("unknown cmd {other:?}")),
         };
         if let Some(k) = obj
@@ -171,6 +213,10 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             Err(e) => json!({"ok": false, "error": e}),
         },
         Request::ProfileStop { path } => match ctl.profile_stop(&path) {
+            Ok(v) => merge(v),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Request::DirtyLog { action } => match ctl.dirty_log(action) {
             Ok(v) => merge(v),
             Err(e) => json!({"ok": false, "error": e}),
         },
@@ -430,6 +476,14 @@ mod tests {
         );
         let a = handle_line(br#"{"cmd":"profile_stop","path":"/tmp/p"}"#, &mut f);
         assert_eq!(a["error"], "profiling is not available");
+        assert_eq!(
+            Request::parse(br#"{"cmd":"dirty_log","action":"read"}"#),
+            Ok(Request::DirtyLog {
+                action: DirtyLogAction::Read
+            })
+        );
+        let a = handle_line(br#"{"cmd":"dirty_log","action":"start"}"#, &mut f);
+        assert_eq!(a["error"], "the dirty log is not available");
         assert_eq!(handle_line(br#"{"cmd":"shutdown"}"#, &mut f)["ok"], true);
         assert!(f.shutdown);
     }
@@ -452,6 +506,9 @@ mod tests {
             b"{\"cmd\":\"profile_start\",\"hz\":\"fast\"}",
             b"{\"cmd\":\"profile_start\",\"hz\":-1}",
             b"{\"cmd\":\"profile_stop\"}",
+            b"{\"cmd\":\"dirty_log\"}",
+            b"{\"cmd\":\"dirty_log\",\"action\":\"clear\"}",
+            b"{\"cmd\":\"dirty_log\",\"action\":1}",
             b"{\"cmd\":\"profile_stop\",\"path\":\"x\",\"hz\":1}",
             b"\xff\xfe",
         ] {

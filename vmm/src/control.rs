@@ -19,8 +19,9 @@ use kvm_ioctls::VmFd;
 use serde_json::{json, Value};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::api::Control;
+use crate::api::{Control, DirtyLogAction};
 use crate::exit::{ExitSignal, VmExit};
+use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
 use crate::pause::{self, Gate};
 use crate::profile::{self, Profiler};
 use crate::snapshot::{self, SaveReport, SaveState, VirtioPart};
@@ -73,6 +74,10 @@ pub struct VmControl {
     pub snapshot: Option<SnapshotParts>,
     /// What the profiler verbs need; without it they are refused.
     pub profile: Option<ProfileParts>,
+    /// Guest memory and its dirty log; without it `dirty_log` is refused.
+    pub ram: Option<Arc<GuestRam>>,
+    /// When the dirty log was last started or read.
+    dirty_since: Option<Instant>,
     /// The guest clock when paused; set back on resume.
     clock: Option<kvm_clock_data>,
     paused_at: Option<Instant>,
@@ -104,6 +109,8 @@ impl VmControl {
             started: Instant::now(),
             snapshot: None,
             profile: None,
+            ram: None,
+            dirty_since: None,
             clock: None,
             paused_at: None,
         }
@@ -239,6 +246,23 @@ impl Control for VmControl {
         Ok(json!({"hz": hz, "symbols": parts.symbols}))
     }
 
+    fn dirty_log(&mut self, action: DirtyLogAction) -> Result<Value, String> {
+        let ram = self.ram.clone().ok_or("the dirty log is not available")?;
+        match action {
+            DirtyLogAction::Start => {
+                ram.start_dirty_log().map_err(|e| e.to_string())?;
+                self.dirty_since = Some(Instant::now());
+                Ok(json!({"logging": true, "pages": ram.bytes() / PAGE_SIZE}))
+            }
+            DirtyLogAction::Read => self.dirty_read(&ram),
+            DirtyLogAction::Stop => {
+                ram.stop_dirty_log().map_err(|e| e.to_string())?;
+                self.dirty_since = None;
+                Ok(json!({"logging": false}))
+            }
+        }
+    }
+
     fn profile_stop(&mut self, path: &Path) -> Result<Value, String> {
         let parts = self.profile.as_ref().ok_or("profiling is not available")?;
         let prof = parts.profiler.stop().map_err(|e| e.to_string())?;
@@ -258,6 +282,33 @@ impl Control for VmControl {
 }
 
 impl VmControl {
+    /// `dirty_log read`: the pages written since the log started or was
+    /// last read, by source, then reset.
+    fn dirty_read(&mut self, ram: &GuestRam) -> Result<Value, String> {
+        if !ram.logging() {
+            return Err("the dirty log is off (dirty_log start)".into());
+        }
+        let slots = ram.harvest().map_err(|e| e.to_string())?;
+        ram.clear_all().map_err(|e| e.to_string())?;
+        let now = Instant::now();
+        let seconds = self
+            .dirty_since
+            .replace(now)
+            .map_or(0.0, |t| (now - t).as_secs_f64());
+        let kvm: u64 = slots.iter().map(|s| count_bits(&s.kvm)).sum();
+        let device: u64 = slots.iter().map(|s| count_bits(&s.device)).sum();
+        let pages: u64 = slots.into_iter().map(|s| s.union().count()).sum();
+        let mib = (pages * PAGE_SIZE) as f64 / f64::from(1u32 << 20);
+        Ok(json!({
+            "logging": true,
+            "pages": pages,
+            "kvm_pages": kvm,
+            "device_pages": device,
+            "seconds": seconds,
+            "mib_per_s": if seconds > 0.0 { mib / seconds } else { 0.0 },
+        }))
+    }
+
     fn snapshot_with(&mut self, parts: &SnapshotParts, path: &Path) -> Result<Value, String> {
         let start = Instant::now();
         let was_running = !self.paused();

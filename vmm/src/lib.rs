@@ -16,6 +16,8 @@ pub mod emulation;
 pub mod exit;
 pub mod exit_counts;
 pub mod host;
+pub mod kvm_util;
+pub mod memory;
 pub mod pause;
 pub mod profile;
 pub mod snapshot;

@@ -41,7 +41,7 @@ Example: printf 'uname -r\\nreboot -f\\n' | tandem run")]
     /// (JSON). Exit status 0 when the request succeeded, 1 otherwise.
     #[command(after_help = "\
 Verbs: status, pause, resume, metrics, shutdown, snapshot PATH, \
-profile-start [--hz N], profile-stop PATH.
+profile-start [--hz N], profile-stop PATH, dirty-log start|read|stop.
 
 Example: tandem ctl --api-sock /tmp/vm.sock pause")]
     Ctl(CtlArgs),
@@ -90,6 +90,14 @@ enum Verb {
         /// Print the VMM's JSON answer instead of the table.
         #[arg(long)]
         json: bool,
+    },
+    /// Guest memory's dirty log: `start` turns KVM's log on, `read` prints
+    /// the pages written since the last read (by the vCPUs and by device
+    /// emulation) and resets it, `stop` turns it off.
+    DirtyLog {
+        /// start, read or stop.
+        #[arg(value_parser = ["start", "read", "stop"])]
+        action: String,
     },
 }
 
@@ -224,6 +232,7 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
             let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
             serde_json::json!({"cmd": "profile_stop", "path": path})
         }
+        Verb::DirtyLog { action } => serde_json::json!({"cmd": "dirty_log", "action": action}),
     };
     let table = matches!(args.verb, Verb::ProfileStop { json: false, .. });
     match vmm::api::request(&args.api_sock, &req) {

@@ -27,11 +27,10 @@ use devices::virtio::net::{Net, NetConfig};
 use devices::Bus;
 use devices::GuestMemoryMmap;
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::IoEventAddress;
 use kvm_ioctls::{Kvm, VmFd};
 use migration::Snapshottable;
-use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::api::ApiServer;
@@ -43,6 +42,8 @@ use crate::cpuid;
 use crate::exit::{ExitSignal, VmExit};
 use crate::exit_counts::ExitCounts;
 use crate::host::HostKind;
+use crate::kvm_util::{kvm_op, KvmOp};
+use crate::memory::{GuestRam, MemoryError};
 use crate::pause::{self, Gate, ThreadKick};
 use crate::profile::{ProfileError, Profiler};
 use crate::snapshot::{self, Restore, VirtioPart};
@@ -65,13 +66,10 @@ type Subscribers = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
 pub enum VmError {
     #[error("cannot open /dev/kvm: {0}")]
     KvmOpen(String),
-    #[error("KVM: cannot {what}: {err}")]
-    Kvm {
-        what: &'static str,
-        err: kvm_ioctls::Error,
-    },
-    #[error("cannot allocate {0} MiB of guest memory: {1}")]
-    Memory(u64, String),
+    #[error(transparent)]
+    Kvm(#[from] KvmOp),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
     #[error(transparent)]
     Boot(#[from] boot::BootError),
     #[error(transparent)]
@@ -114,10 +112,6 @@ pub enum Start {
     Restore(Box<Restore>),
 }
 
-fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
-    move |err| VmError::Kvm { what, err }
-}
-
 /// Opens /dev/kvm with a message that says what to do.
 pub fn open_kvm() -> Result<Kvm, VmError> {
     Kvm::new().map_err(|e| {
@@ -131,32 +125,6 @@ pub fn open_kvm() -> Result<Kvm, VmError> {
             _ => e.to_string(),
         })
     })
-}
-
-fn create_memory(vm: &VmFd, size: u64) -> Result<GuestMemoryMmap, VmError> {
-    let ranges: Vec<(GuestAddress, usize)> = layout::ram_ranges(size)
-        .into_iter()
-        .map(|(b, l)| (GuestAddress(b), l as usize))
-        .collect();
-    let mem = GuestMemoryMmap::from_ranges(&ranges)
-        .map_err(|e| VmError::Memory(size >> 20, e.to_string()))?;
-    for (slot, region) in mem.iter().enumerate() {
-        let host = mem
-            .get_host_address(region.start_addr())
-            .map_err(|e| VmError::Memory(size >> 20, e.to_string()))?;
-        let r = kvm_userspace_memory_region {
-            slot: slot as u32,
-            flags: 0,
-            guest_phys_addr: region.start_addr().raw_value(),
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the region is a live mapping owned by `mem`, which outlives
-        // the VM (both live until the process exits), and it is not aliased
-        // by another slot.
-        unsafe { vm.set_user_memory_region(r) }.map_err(kvm_err("register guest memory"))?;
-    }
-    Ok(mem)
 }
 
 /// The command line the guest gets: the user's, then each parameter the
@@ -202,19 +170,20 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     if matches!(start, Start::Restore(_)) {
         vcpu_state::check_xsave_size(&kvm).map_err(VmError::SaveSetup)?;
     }
-    let vm = kvm.create_vm().map_err(kvm_err("create a VM"))?;
+    let vm = Arc::new(kvm.create_vm().map_err(kvm_op("create a VM"))?);
     vm.set_tss_address(layout::KVM_TSS_ADDRESS)
-        .map_err(kvm_err("set the TSS address"))?;
+        .map_err(kvm_op("set the TSS address"))?;
     vm.create_irq_chip()
-        .map_err(kvm_err("create the in-kernel irqchip"))?;
+        .map_err(kvm_op("create the in-kernel irqchip"))?;
     let pit = kvm_pit_config {
         flags: KVM_PIT_SPEAKER_DUMMY,
         ..Default::default()
     };
     vm.create_pit2(pit)
-        .map_err(kvm_err("create the in-kernel PIT"))?;
+        .map_err(kvm_op("create the in-kernel PIT"))?;
 
-    let mem = create_memory(&vm, cfg.mem_bytes)?;
+    let ram = Arc::new(GuestRam::new(vm.clone(), cfg.mem_bytes)?);
+    let mem = ram.mem().clone();
     let exit = Arc::new(ExitSignal::new()?);
     // Device work runs on its own thread's event loop; the calling thread
     // keeps the control API, metrics and the end of the VM.
@@ -291,7 +260,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
 
     let serial_irq = EventFd::new(libc::EFD_NONBLOCK)?;
     vm.register_irqfd(&serial_irq, COM1_IRQ)
-        .map_err(kvm_err("register the serial interrupt"))?;
+        .map_err(kvm_op("register the serial interrupt"))?;
     let out = ConsoleOut::new(io::stdout(), exit.clone());
     let serial = Arc::new(Mutex::new(match &start {
         Start::Boot => Serial::new(serial_irq, out),
@@ -320,9 +289,9 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     for id in 0..cfg.cpus {
         let fd = vm
             .create_vcpu(u64::from(id))
-            .map_err(kvm_err("create a vCPU"))?;
+            .map_err(kvm_op("create a vCPU"))?;
         fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, id, cfg.cpus, host))
-            .map_err(kvm_err("set CPUID"))?;
+            .map_err(kvm_op("set CPUID"))?;
         cpu::setup_msrs(&fd)?;
         if let (0, Some(entry)) = (id, entry) {
             cpu::setup_boot_vcpu(&fd, &mem, entry)?;
@@ -349,7 +318,6 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             exits: exits.clone(),
         });
     }
-    let vm = Arc::new(vm);
 
     let ended = Arc::new(AtomicBool::new(false));
     let mut main_em =
@@ -408,6 +376,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             manifest,
             devices: virtio_parts,
         });
+        control.ram = Some(ram.clone());
         control.profile = Some(ProfileParts {
             profiler: profiler.clone(),
             symbols: cfg.profile.symbols.clone(),
@@ -482,7 +451,7 @@ fn add_net(
     .map_err(|e| net_err(e.to_string()))?;
     let irq_evt = EventFd::new(libc::EFD_NONBLOCK)?;
     vm.register_irqfd(&irq_evt, irq)
-        .map_err(kvm_err("register a virtio interrupt"))?;
+        .map_err(kvm_op("register a virtio interrupt"))?;
     let interrupt = Arc::new(Interrupt::new(irq_evt));
     let queue_evts = [
         EventFd::new(libc::EFD_NONBLOCK)?,
@@ -490,7 +459,7 @@ fn add_net(
     ];
     for (q, evt) in queue_evts.iter().enumerate() {
         vm.register_ioevent(evt, &IoEventAddress::Mmio(base + NOTIFY_OFFSET), q as u32)
-            .map_err(kvm_err("register a queue notification"))?;
+            .map_err(kvm_op("register a queue notification"))?;
     }
     let transport_evts = vec![queue_evts[0].try_clone()?, queue_evts[1].try_clone()?];
     let counters = net.metrics.clone();
@@ -550,7 +519,7 @@ fn add_disk(
     let block = Block::new(BlockConfig::with_id(&id), file, activate.try_clone()?);
     let irq_evt = EventFd::new(libc::EFD_NONBLOCK)?;
     vm.register_irqfd(&irq_evt, irq)
-        .map_err(kvm_err("register a virtio interrupt"))?;
+        .map_err(kvm_op("register a virtio interrupt"))?;
     let interrupt = Arc::new(Interrupt::new(irq_evt));
     let queue_evt = EventFd::new(libc::EFD_NONBLOCK)?;
     vm.register_ioevent(
@@ -558,7 +527,7 @@ fn add_disk(
         &IoEventAddress::Mmio(base + NOTIFY_OFFSET),
         0u32,
     )
-    .map_err(kvm_err("register a queue notification"))?;
+    .map_err(kvm_op("register a queue notification"))?;
     let transport_evts = vec![queue_evt.try_clone()?];
     let counters = block.metrics.clone();
     let handler = BlockHandler::new(
