@@ -76,19 +76,8 @@ pub enum ConfigError {
 /// Parses a memory size: a number with an optional K/M/G/T suffix (binary
 /// units, an optional "iB"/"B" after it); a plain number means MiB, as in QEMU.
 pub fn parse_mem(s: &str) -> Result<u64, ConfigError> {
-    let t = s.trim();
     let err = || ConfigError::MemParse(s.to_string());
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits_end);
-    let n: u64 = num.parse().map_err(|_| err())?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "m" | "mb" | "mib" => 20,
-        "k" | "kb" | "kib" => 10,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(err()),
-    };
-    let bytes = n.checked_mul(1u64 << shift).ok_or_else(err)?;
+    let bytes = parse_size(s.trim(), 20).ok_or_else(err)?;
     if bytes == 0 {
         return Err(ConfigError::MemZero);
     }
@@ -249,22 +238,31 @@ pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
 /// A send-buffer size: bytes, or with a K/M/G suffix (binary units);
 /// 4 KiB to 1 GiB.
 fn parse_sndbuf(v: &str) -> Option<u32> {
-    let end = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (num, unit) = v.split_at(end);
-    let n: u64 = num.parse().ok()?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        _ => return None,
-    };
-    let bytes = n.checked_mul(1 << shift)?;
+    let bytes = parse_size(v, 0)?;
     if (4096..=1 << 30).contains(&bytes) {
         u32::try_from(bytes).ok()
     } else {
         None
     }
+}
+
+/// A size in bytes: a number with an optional K/M/G/T suffix (binary
+/// units, optionally followed by "iB" or "B"); a plain number is in units
+/// of `1 << plain_shift` bytes. `None` if it is no such number or overflows.
+fn parse_size(s: &str, plain_shift: u32) -> Option<u64> {
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(end);
+    let n: u64 = num.parse().ok()?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" => plain_shift,
+        "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
 }
 
 fn parse_mac(v: &str) -> Option<[u8; 6]> {

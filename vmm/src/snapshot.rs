@@ -48,6 +48,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryReg
 
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, NetSpec};
+use crate::kvm_util::{kvm_op, KvmOp};
 
 /// The id of the serial console in the manifest and its section.
 pub const SERIAL_ID: &str = "com1";
@@ -75,17 +76,10 @@ pub enum SnapshotError {
     Mismatch { path: String, err: CompatError },
     #[error("cannot write snapshot {path}: {err}")]
     Write { path: String, err: String },
-    #[error("KVM: cannot {what}: {err}")]
-    Kvm {
-        what: &'static str,
-        err: kvm_ioctls::Error,
-    },
+    #[error(transparent)]
+    Kvm(#[from] KvmOp),
     #[error("{0}")]
     Request(String),
-}
-
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> SnapshotError {
-    move |err| SnapshotError::Kvm { what, err }
 }
 
 /// The manifest of a VM: the serial console, then `virtio` (see
@@ -190,14 +184,14 @@ pub fn read_vm_state(vm: &VmFd, clock: kvm_clock_data) -> Result<KvmVmState, Sna
             chip_id: id,
             ..Default::default()
         };
-        vm.get_irqchip(&mut c).map_err(kvm("read an irqchip"))?;
+        vm.get_irqchip(&mut c).map_err(kvm_op("read an irqchip"))?;
         Ok(c)
     };
     Ok(KvmVmState {
         pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
         pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
         ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
-        pit: vm.get_pit2().map_err(kvm("read the PIT"))?,
+        pit: vm.get_pit2().map_err(kvm_op("read the PIT"))?,
         clock,
     })
 }
@@ -492,14 +486,15 @@ impl Restore {
 
     /// Sets the VM-wide state, in the order `migration::kvm` gives.
     pub fn apply_vm_state(&self, vm: &VmFd) -> Result<(), SnapshotError> {
-        vm.set_pit2(&self.vm.pit).map_err(kvm("set the PIT"))?;
+        vm.set_pit2(&self.vm.pit).map_err(kvm_op("set the PIT"))?;
         let clock = kvm_clock_data {
             clock: self.vm.clock.clock,
             ..Default::default()
         };
-        vm.set_clock(&clock).map_err(kvm("set the guest clock"))?;
+        vm.set_clock(&clock)
+            .map_err(kvm_op("set the guest clock"))?;
         for chip in [&self.vm.pic_master, &self.vm.pic_slave, &self.vm.ioapic] {
-            vm.set_irqchip(chip).map_err(kvm("set an irqchip"))?;
+            vm.set_irqchip(chip).map_err(kvm_op("set an irqchip"))?;
         }
         Ok(())
     }

@@ -16,6 +16,7 @@
 //! read again. The same list is written back on restore, after the LAPIC
 //! (TSC deadline depends on it); an MSR KVM refuses to write is an error.
 
+use crate::kvm_util::{kvm_op, KvmOp};
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::{Kvm, VcpuFd};
 use migration::kvm::{KvmStateError, KvmVcpuState};
@@ -23,11 +24,8 @@ use migration::kvm::{KvmStateError, KvmVcpuState};
 /// vCPU state errors.
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuStateError {
-    #[error("KVM: cannot {what}: {err}")]
-    Kvm {
-        what: &'static str,
-        err: kvm_ioctls::Error,
-    },
+    #[error(transparent)]
+    Kvm(#[from] KvmOp),
     #[error("the saved state does not fit KVM: {0}")]
     State(#[from] KvmStateError),
     #[error("KVM took only {set} of {total} MSRs; it refused MSR {index:#x}")]
@@ -40,15 +38,11 @@ pub enum VcpuStateError {
     XsaveSize(i32),
 }
 
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError {
-    move |err| VcpuStateError::Kvm { what, err }
-}
-
 /// The MSR indices KVM declares it can save (see the module doc).
 pub fn msr_index_list(kvm_fd: &Kvm) -> Result<Vec<u32>, VcpuStateError> {
     let list = kvm_fd
         .get_msr_index_list()
-        .map_err(kvm("list the MSRs to save"))?;
+        .map_err(kvm_op("list the MSRs to save"))?;
     Ok(list.as_slice().to_vec())
 }
 
@@ -78,7 +72,7 @@ fn read_msrs(fd: &VcpuFd, indices: &[u32]) -> Result<Vec<kvm_msr_entry>, VcpuSta
             total: entries.len(),
             index: 0,
         })?;
-        let n = fd.get_msrs(&mut msrs).map_err(kvm("read MSRs"))?;
+        let n = fd.get_msrs(&mut msrs).map_err(kvm_op("read MSRs"))?;
         got.extend_from_slice(&msrs.as_slice()[..n.min(wanted.len())]);
         if n >= wanted.len() {
             break;
@@ -104,43 +98,46 @@ pub fn complete_pending_exit(fd: &mut VcpuFd) {
 /// Reads the whole state of a vCPU that is outside `KVM_RUN`.
 pub fn capture(fd: &VcpuFd, msr_indices: &[u32]) -> Result<KvmVcpuState, VcpuStateError> {
     Ok(KvmVcpuState {
-        mp_state: fd.get_mp_state().map_err(kvm("read mp_state"))?,
-        regs: fd.get_regs().map_err(kvm("read registers"))?,
-        sregs: fd.get_sregs().map_err(kvm("read special registers"))?,
-        fpu: fd.get_fpu().map_err(kvm("read the FPU"))?,
-        xsave: fd.get_xsave().map_err(kvm("read xsave"))?,
-        xcrs: fd.get_xcrs().map_err(kvm("read XCRs"))?,
-        debugregs: fd.get_debug_regs().map_err(kvm("read debug registers"))?,
-        lapic: fd.get_lapic().map_err(kvm("read the LAPIC"))?,
+        mp_state: fd.get_mp_state().map_err(kvm_op("read mp_state"))?,
+        regs: fd.get_regs().map_err(kvm_op("read registers"))?,
+        sregs: fd.get_sregs().map_err(kvm_op("read special registers"))?,
+        fpu: fd.get_fpu().map_err(kvm_op("read the FPU"))?,
+        xsave: fd.get_xsave().map_err(kvm_op("read xsave"))?,
+        xcrs: fd.get_xcrs().map_err(kvm_op("read XCRs"))?,
+        debugregs: fd
+            .get_debug_regs()
+            .map_err(kvm_op("read debug registers"))?,
+        lapic: fd.get_lapic().map_err(kvm_op("read the LAPIC"))?,
         msrs: read_msrs(fd, msr_indices)?,
-        events: fd.get_vcpu_events().map_err(kvm("read vCPU events"))?,
+        events: fd.get_vcpu_events().map_err(kvm_op("read vCPU events"))?,
     })
 }
 
 /// Writes a saved state into a vCPU that has its CPUID set and has not run,
 /// in the order KVM needs (see `migration::kvm`).
 pub fn apply(fd: &VcpuFd, s: &KvmVcpuState) -> Result<(), VcpuStateError> {
-    fd.set_mp_state(s.mp_state).map_err(kvm("set mp_state"))?;
-    fd.set_regs(&s.regs).map_err(kvm("set registers"))?;
+    fd.set_mp_state(s.mp_state)
+        .map_err(kvm_op("set mp_state"))?;
+    fd.set_regs(&s.regs).map_err(kvm_op("set registers"))?;
     fd.set_sregs(&s.sregs)
-        .map_err(kvm("set special registers"))?;
-    fd.set_fpu(&s.fpu).map_err(kvm("set the FPU"))?;
+        .map_err(kvm_op("set special registers"))?;
+    fd.set_fpu(&s.fpu).map_err(kvm_op("set the FPU"))?;
     // SAFETY: KVM_SET_XSAVE copies the vCPU's xsave UABI size from the
     // buffer; `check_xsave_size` (called before any restore) made sure that
     // size is at most 4096, the size of `kvm_xsave`, so KVM reads only
     // memory that belongs to `s.xsave`.
-    unsafe { fd.set_xsave(&s.xsave) }.map_err(kvm("set xsave"))?;
-    fd.set_xcrs(&s.xcrs).map_err(kvm("set XCRs"))?;
+    unsafe { fd.set_xsave(&s.xsave) }.map_err(kvm_op("set xsave"))?;
+    fd.set_xcrs(&s.xcrs).map_err(kvm_op("set XCRs"))?;
     fd.set_debug_regs(&s.debugregs)
-        .map_err(kvm("set debug registers"))?;
-    fd.set_lapic(&s.lapic).map_err(kvm("set the LAPIC"))?;
+        .map_err(kvm_op("set debug registers"))?;
+    fd.set_lapic(&s.lapic).map_err(kvm_op("set the LAPIC"))?;
     let total = s.msrs.len();
     let msrs = Msrs::from_entries(&s.msrs).map_err(|_| VcpuStateError::MsrRefused {
         set: 0,
         total,
         index: 0,
     })?;
-    let set = fd.set_msrs(&msrs).map_err(kvm("set MSRs"))?;
+    let set = fd.set_msrs(&msrs).map_err(kvm_op("set MSRs"))?;
     if set < total {
         return Err(VcpuStateError::MsrRefused {
             set,
@@ -149,7 +146,7 @@ pub fn apply(fd: &VcpuFd, s: &KvmVcpuState) -> Result<(), VcpuStateError> {
         });
     }
     fd.set_vcpu_events(&s.events)
-        .map_err(kvm("set vCPU events"))?;
+        .map_err(kvm_op("set vCPU events"))?;
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! identity-mapped first GiB, flat segments, RSI pointing at boot_params.
 //! Also the per-vCPU MSR and local APIC set-up every vCPU gets.
 
+use crate::kvm_util::{kvm_op, KvmOp};
 use devices::GuestMemoryMmap;
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs};
 use kvm_ioctls::VcpuFd;
@@ -14,17 +15,10 @@ use super::layout::*;
 pub enum CpuError {
     #[error("cannot write boot page tables or GDT: {0}")]
     Memory(#[from] vm_memory::GuestMemoryError),
-    #[error("KVM refused the vCPU {what}: {err}")]
-    Kvm {
-        what: &'static str,
-        err: kvm_ioctls::Error,
-    },
+    #[error(transparent)]
+    Kvm(#[from] KvmOp),
     #[error("KVM set only {0} of the boot MSRs")]
     Msrs(usize),
-}
-
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> CpuError {
-    move |err| CpuError::Kvm { what, err }
 }
 
 const X86_CR0_PE: u64 = 0x1;
@@ -119,16 +113,20 @@ pub fn setup_boot_vcpu(vcpu: &VcpuFd, mem: &GuestMemoryMmap, entry: u64) -> Resu
         rsi: ZERO_PAGE_START,
         ..Default::default()
     };
-    vcpu.set_regs(&regs).map_err(kvm("registers"))?;
-    let mut sregs = vcpu.get_sregs().map_err(kvm("segment registers"))?;
+    vcpu.set_regs(&regs)
+        .map_err(kvm_op("set the boot registers"))?;
+    let mut sregs = vcpu
+        .get_sregs()
+        .map_err(kvm_op("read the segment registers"))?;
     setup_long_mode(mem, &mut sregs)?;
-    vcpu.set_sregs(&sregs).map_err(kvm("segment registers"))?;
+    vcpu.set_sregs(&sregs)
+        .map_err(kvm_op("set the boot segment registers"))?;
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,
         ..Default::default()
     };
-    vcpu.set_fpu(&fpu).map_err(kvm("FPU state"))?;
+    vcpu.set_fpu(&fpu).map_err(kvm_op("set the FPU state"))?;
     Ok(())
 }
 
@@ -167,7 +165,7 @@ pub fn setup_msrs(vcpu: &VcpuFd) -> Result<(), CpuError> {
         })
         .collect();
     let msrs = Msrs::from_entries(&entries).map_err(|_| CpuError::Msrs(0))?;
-    let set = vcpu.set_msrs(&msrs).map_err(kvm("MSRs"))?;
+    let set = vcpu.set_msrs(&msrs).map_err(kvm_op("set the boot MSRs"))?;
     if set != entries.len() {
         return Err(CpuError::Msrs(set));
     }
@@ -185,7 +183,7 @@ fn set_delivery_mode(reg: u32, mode: u32) -> u32 {
 
 /// Wires LINT0 to the PIC (ExtINT) and LINT1 to NMI, as firmware would.
 pub fn setup_lapic(vcpu: &VcpuFd) -> Result<(), CpuError> {
-    let mut lapic = vcpu.get_lapic().map_err(kvm("local APIC"))?;
+    let mut lapic = vcpu.get_lapic().map_err(kvm_op("read the local APIC"))?;
     for (off, mode) in [(APIC_LVT0, APIC_MODE_EXTINT), (APIC_LVT1, APIC_MODE_NMI)] {
         let mut b = [0u8; 4];
         for (i, x) in b.iter_mut().enumerate() {
@@ -196,7 +194,8 @@ pub fn setup_lapic(vcpu: &VcpuFd) -> Result<(), CpuError> {
             lapic.regs[off + i] = *x as _;
         }
     }
-    vcpu.set_lapic(&lapic).map_err(kvm("local APIC"))?;
+    vcpu.set_lapic(&lapic)
+        .map_err(kvm_op("set the local APIC"))?;
     Ok(())
 }
 

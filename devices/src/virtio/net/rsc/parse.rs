@@ -5,8 +5,7 @@
 
 use super::PassReason;
 
-/// `struct virtio_net_hdr_v1` (with `num_buffers`).
-pub const VNET_HDR_LEN: usize = 12;
+pub use crate::virtio::net::tap::VNET_HDR_LEN;
 /// Ethernet header without VLAN tag.
 pub const ETH_HLEN: usize = 14;
 /// Offset of the IP header in a frame.
