@@ -98,6 +98,14 @@ impl DeviceConfig {
         }
     }
 
+    /// Where a virtio device sits (`None` for the serial console).
+    pub fn slot(&self) -> Option<MmioSlot> {
+        match self {
+            DeviceConfig::Serial { .. } => None,
+            DeviceConfig::Net { slot, .. } | DeviceConfig::Blk { slot, .. } => Some(*slot),
+        }
+    }
+
     /// A short human description: "NIC net0 on tap0".
     pub fn describe(&self) -> String {
         match self {

@@ -20,11 +20,12 @@ use serde_json::{json, Value};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::api::{Control, DirtyLogAction};
+use crate::device_manager::VirtioSlot;
 use crate::exit::{ExitSignal, VmExit};
 use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
 use crate::pause::{self, Gate};
 use crate::profile::{self, Profiler};
-use crate::snapshot::{self, SaveReport, SaveState, VirtioPart};
+use crate::snapshot::{self, SaveReport, SaveState};
 use crate::vcpu::VcpuRequest;
 
 /// How long a parked vCPU may take to hand over its state.
@@ -44,7 +45,7 @@ pub struct SnapshotParts {
     /// What the VM is (memory, vCPUs, devices).
     pub manifest: migration::Manifest,
     /// The virtio devices, in manifest order.
-    pub devices: Vec<VirtioPart>,
+    pub devices: Arc<[VirtioSlot]>,
 }
 
 /// What the profiler verbs need.
@@ -151,7 +152,7 @@ impl VmControl {
         let devices = parts
             .devices
             .iter()
-            .map(|d| Ok((d.id.clone(), d.save()?)))
+            .map(|d| Ok((d.id().to_string(), d.save().map_err(|e| e.to_string())?)))
             .collect::<Result<Vec<_>, String>>()?;
         let state = SaveState {
             manifest: parts.manifest.clone(),

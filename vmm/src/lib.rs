@@ -12,6 +12,7 @@ pub mod config;
 pub mod console;
 pub mod control;
 pub mod cpuid;
+pub mod device_manager;
 pub mod emulation;
 pub mod exit;
 pub mod exit_counts;

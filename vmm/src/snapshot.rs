@@ -26,32 +26,28 @@
 use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
-use devices::virtio::mmio::MmioTransport;
 use devices::GuestMemoryMmap;
 use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
 use kvm_ioctls::VmFd;
-use migration::devices::{BlkState, DeviceState, MmioTransportState, NetState, SerialState};
+use migration::devices::{DeviceState, MmioTransportState, SerialState};
 use migration::kvm::{KvmStateError, KvmVcpuState, KvmVmState};
-use migration::manifest::MmioSlot;
 use migration::memory::ImageStats;
 use migration::vcpu::VcpuState;
 use migration::vm::VmState;
 use migration::{
     check_compatible, section, CompatError, DeviceConfig, FormatError, Manifest, MemoryError,
-    SnapshotReader, SnapshotWriter, Snapshottable,
+    SnapshotReader, SnapshotWriter,
 };
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, NetSpec};
+use crate::device_manager::{self, SERIAL_ID};
 use crate::kvm_util::{kvm_op, KvmOp};
 
-/// The id of the serial console in the manifest and its section.
-pub const SERIAL_ID: &str = "com1";
 /// The UART's receive FIFO (vm-superio refuses a longer saved buffer).
 const UART_FIFO: usize = 64;
 
@@ -83,7 +79,7 @@ pub enum SnapshotError {
 }
 
 /// The manifest of a VM: the serial console, then `virtio` (see
-/// [`virtio_devices`]).
+/// `device_manager::virtio_configs`).
 pub fn manifest(mem_bytes: u64, cpus: u32, virtio: Vec<DeviceConfig>) -> Manifest {
     let mut devices = vec![DeviceConfig::Serial {
         id: SERIAL_ID.to_string(),
@@ -94,86 +90,6 @@ pub fn manifest(mem_bytes: u64, cpus: u32, virtio: Vec<DeviceConfig>) -> Manifes
         mem_bytes,
         vcpus: cpus,
         devices,
-    }
-}
-
-/// The guest-visible facts of the virtio devices `nets` and `disks` would
-/// give, in bus order: `net0`, `net1`, ..., then `blk0`, `blk1`, ...
-/// (each disk's size is read from its file).
-pub fn virtio_devices(nets: &[NetSpec], disks: &[DiskSpec]) -> Result<Vec<DeviceConfig>, String> {
-    let mut out = Vec::with_capacity(nets.len() + disks.len());
-    for (i, n) in nets.iter().enumerate() {
-        let (base, irq) = crate::vm::virtio_slot(i).map_err(|e| e.to_string())?;
-        out.push(DeviceConfig::Net {
-            id: format!("net{i}"),
-            tap: n.tap.clone(),
-            mac: n.mac.unwrap_or_else(|| config::default_mac(i)),
-            rsc: n.rsc,
-            slot: MmioSlot { base, irq },
-        });
-    }
-    for (j, d) in disks.iter().enumerate() {
-        let (base, irq) = crate::vm::virtio_slot(nets.len() + j).map_err(|e| e.to_string())?;
-        let len = std::fs::metadata(&d.path)
-            .map_err(|e| format!("--disk: {}: {e}", d.path.display()))?
-            .len();
-        out.push(DeviceConfig::Blk {
-            id: format!("blk{j}"),
-            path: d.path.display().to_string(),
-            readonly: d.readonly,
-            bytes: len / 512 * 512,
-            serial: d
-                .id
-                .clone()
-                .unwrap_or_else(|| config::default_disk_id(&d.path)),
-            slot: MmioSlot { base, irq },
-        });
-    }
-    Ok(out)
-}
-
-/// A virtio device as a snapshot sees it: its transport and its facts.
-pub struct VirtioPart {
-    /// Its id in the manifest (`net0`, `blk0`, ...).
-    pub id: String,
-    pub transport: Arc<Mutex<MmioTransport>>,
-    pub config: DeviceConfig,
-}
-
-impl VirtioPart {
-    /// The device's state (the VM must be paused).
-    pub fn save(&self) -> Result<DeviceState, String> {
-        let transport = devices::bus::lock(&self.transport)
-            .save()
-            .map_err(|e| format!("{}: {e}", self.id))?;
-        let acked_features = transport.acked_features;
-        Ok(match &self.config {
-            DeviceConfig::Net { tap, mac, .. } => DeviceState::VirtioNet {
-                transport,
-                net: NetState {
-                    mac: *mac,
-                    acked_features,
-                    tap: tap.clone(),
-                },
-            },
-            DeviceConfig::Blk {
-                path,
-                readonly,
-                serial,
-                ..
-            } => DeviceState::VirtioBlk {
-                transport,
-                blk: BlkState {
-                    path: path.clone(),
-                    readonly: *readonly,
-                    acked_features,
-                    id: serial.clone(),
-                },
-            },
-            DeviceConfig::Serial { .. } => {
-                return Err(format!("{} is not a virtio device", self.id))
-            }
-        })
     }
 }
 
@@ -355,7 +271,8 @@ pub fn load(
             });
         }
     }
-    let virtio = virtio_devices(nets, disks).map_err(&invalid_request)?;
+    let virtio =
+        device_manager::virtio_configs(nets, disks).map_err(|e| invalid_request(e.to_string()))?;
     let requested = manifest(
         mem.unwrap_or(saved.mem_bytes),
         cpus.map_or(saved.vcpus, u32::from),

@@ -8,37 +8,23 @@
 //! from the file); everything else is built the same way.
 
 use std::io;
-use std::sync::{Arc, Mutex};
-
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use devices::i8042::I8042;
-use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
-use devices::virtio::block::disk::DiskFile;
-use devices::virtio::block::handler::BlockHandler;
-use devices::virtio::block::metrics::BlockMetrics;
-use devices::virtio::block::{Block, BlockConfig};
-use devices::virtio::mmio::{Interrupt, MmioTransport, MMIO_WINDOW, NOTIFY_OFFSET};
-use devices::virtio::net::handler::NetHandler;
-use devices::virtio::net::metrics::NetMetrics;
-use devices::virtio::net::{Net, NetConfig};
-use devices::Bus;
-use devices::GuestMemoryMmap;
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::IoEventAddress;
-use kvm_ioctls::{Kvm, VmFd};
-use migration::Snapshottable;
+use kvm_ioctls::Kvm;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::api::ApiServer;
 use crate::boot::{self, cpu, layout};
-use crate::config::{self, VmConfig};
-use crate::console::{self, ConsoleOut};
+use crate::config::VmConfig;
+use crate::console;
 use crate::control::{ProfileParts, SnapshotParts, VmControl};
 use crate::cpuid;
+use crate::device_manager::{self, metrics_json, DeviceManager, Devices};
 use crate::exit::{ExitSignal, VmExit};
 use crate::exit_counts::ExitCounts;
 use crate::host::HostKind;
@@ -46,15 +32,10 @@ use crate::kvm_util::{kvm_op, KvmOp};
 use crate::memory::{GuestRam, MemoryError};
 use crate::pause::{self, Gate, ThreadKick};
 use crate::profile::{ProfileError, Profiler};
-use crate::snapshot::{self, Restore, VirtioPart};
+use crate::snapshot::{self, Restore};
 use crate::vcpu::Vcpu;
 use crate::vcpu_state::{self, VcpuStateError};
 
-const I8042_PORT: u64 = 0x60;
-const I8042_PORTS: u64 = 5;
-/// virtio-mmio devices take IRQs from here up to the last IOAPIC pin.
-const VIRTIO_IRQ_BASE: u32 = 5;
-const VIRTIO_IRQ_LAST: u32 = 23;
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
 /// How often the device thread looks at its pause gate when idle.
 const DEVICE_TICK_MS: i32 = 100;
@@ -70,6 +51,8 @@ pub enum VmError {
     Kvm(#[from] KvmOp),
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Device(#[from] device_manager::DeviceError),
     #[error(transparent)]
     Boot(#[from] boot::BootError),
     #[error(transparent)]
@@ -140,19 +123,6 @@ pub fn effective_cmdline(user: &str, host: HostKind) -> String {
     out.join(" ")
 }
 
-/// Where virtio device `index` (NICs first, then disks) sits: its MMIO
-/// window and IRQ.
-pub fn virtio_slot(index: usize) -> Result<(u64, u32), VmError> {
-    let max = VIRTIO_IRQ_LAST - VIRTIO_IRQ_BASE + 1;
-    match u32::try_from(index) {
-        Ok(i) if i < max => Ok((
-            layout::MMIO_GAP_START + u64::from(i) * MMIO_WINDOW,
-            VIRTIO_IRQ_BASE + i,
-        )),
-        _ => Err(VmError::TooManyDevices(max)),
-    }
-}
-
 /// Boots the VM and runs it until it ends.
 pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
     run_from(cfg, Start::Boot)
@@ -185,45 +155,17 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let ram = Arc::new(GuestRam::new(vm.clone(), cfg.mem_bytes)?);
     let mem = ram.mem().clone();
     let exit = Arc::new(ExitSignal::new()?);
-    // Device work runs on its own thread's event loop; the calling thread
-    // keeps the control API, metrics and the end of the VM.
-    let mut em = Subscribers::new().map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
-
-    // virtio-mmio devices, each announced on the command line.
-    let mut mmio = Bus::new();
-    let mut announce = String::new();
-    let mut nets: Vec<NetReport> = Vec::new();
-    let mut transports = Vec::with_capacity(cfg.nets.len() + cfg.disks.len());
-    for (i, spec) in cfg.nets.iter().enumerate() {
-        let (base, irq) = virtio_slot(i)?;
-        let (report, transport) = add_net(&vm, &mem, &mut mmio, &mut em, spec, i, base, irq)?;
-        nets.push(report);
-        transports.push(transport);
-        announce.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{irq}"));
-    }
-    // Disks after the NICs, in the same window and IRQ sequence; the guest
-    // probes them in command-line order, so the first --disk is vda.
-    let mut disks: Vec<DiskReport> = Vec::new();
-    for (j, spec) in cfg.disks.iter().enumerate() {
-        let (base, irq) = virtio_slot(cfg.nets.len() + j)?;
-        let (report, transport) = add_disk(&vm, &mem, &mut mmio, &mut em, spec, base, irq)?;
-        disks.push(report);
-        transports.push(transport);
-        announce.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{irq}"));
-    }
-    let mmio = Arc::new(mmio);
-    // What a snapshot of this VM says it is, and its virtio devices.
-    let virtio = snapshot::virtio_devices(&cfg.nets, &cfg.disks).map_err(VmError::Devices)?;
-    let manifest = snapshot::manifest(cfg.mem_bytes, u32::from(cfg.cpus), virtio.clone());
-    let virtio_parts: Vec<VirtioPart> = virtio
-        .into_iter()
-        .zip(transports)
-        .map(|(config, transport)| VirtioPart {
-            id: config.id().to_string(),
-            transport,
-            config,
-        })
-        .collect();
+    // The devices: legacy ports, then the virtio devices (NICs, then disks:
+    // the guest probes them in command-line order, so the first --disk is
+    // vda), each announced on the command line. Their handlers run on the
+    // device thread's event loop; the calling thread keeps the control API,
+    // metrics and the end of the VM.
+    let virtio_configs = device_manager::virtio_configs(&cfg.nets, &cfg.disks)?;
+    let manifest = snapshot::manifest(cfg.mem_bytes, u32::from(cfg.cpus), virtio_configs.clone());
+    let mut dm = DeviceManager::new(vm.clone(), mem.clone(), &exit)?;
+    dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
+    let announce = dm.announcement();
+    let devs = dm.finish();
 
     let entry = match &mut start {
         Start::Boot => {
@@ -246,38 +188,21 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             r.apply_vm_state(&vm)?;
             // Each transport as it was: a running device restarts on its
             // queues (the tap's offloads set again), before any vCPU runs.
-            for (part, state) in virtio_parts.iter().zip(&r.transports) {
-                devices::bus::lock(&part.transport)
-                    .restore(state)
-                    .map_err(|e| VmError::DeviceState {
-                        id: part.id.clone(),
-                        err: e.to_string(),
-                    })?;
+            for (slot, state) in devs.virtio.iter().zip(&r.transports) {
+                slot.restore_transport(state)?;
             }
+            devs.restore_serial(&r.serial)?;
             None
         }
     };
-
-    let serial_irq = EventFd::new(libc::EFD_NONBLOCK)?;
-    vm.register_irqfd(&serial_irq, COM1_IRQ)
-        .map_err(kvm_op("register the serial interrupt"))?;
-    let out = ConsoleOut::new(io::stdout(), exit.clone());
-    let serial = Arc::new(Mutex::new(match &start {
-        Start::Boot => Serial::new(serial_irq, out),
-        Start::Restore(r) => {
-            Serial::from_state(serial_irq, out, &r.serial).map_err(VmError::Serial)?
-        }
-    }));
-    let mut pio = Bus::new();
-    pio.insert(serial.clone(), COM1_PORT, UART_PORTS)
-        .map_err(|e| VmError::Devices(e.to_string()))?;
-    pio.insert(
-        Arc::new(Mutex::new(I8042::new(exit.reset_evt()?))),
-        I8042_PORT,
-        I8042_PORTS,
-    )
-    .map_err(|e| VmError::Devices(e.to_string()))?;
-    let pio = Arc::new(pio);
+    let Devices {
+        pio,
+        mmio,
+        subscribers: mut em,
+        virtio,
+        serial,
+        ..
+    } = devs;
 
     let base_cpuid = cpuid::supported(&kvm)?;
     let vcpu_gate = Arc::new(Gate::default());
@@ -326,11 +251,9 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
         fd: exit.as_raw_fd(),
         ended: ended.clone(),
     })));
-    let nets = Arc::new(nets);
-    let disks = Arc::new(disks);
     let metrics = cfg.metrics.as_deref();
     if let Some(path) = metrics {
-        write_metrics(path, &metrics_json(&nets, &disks, &exits))?;
+        write_metrics(path, &metrics_json(&virtio, &exits))?;
     }
     // Bound before the guest starts, so a bad path is a start-up error.
     let api = match &cfg.api_sock {
@@ -355,7 +278,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
         vcpu_threads.push(v.spawn()?);
     }
     if let Some(mut api) = api {
-        let (nets, disks, exits) = (nets.clone(), disks.clone(), exits.clone());
+        let (devices, exits) = (virtio.clone(), exits.clone());
         let mut control = VmControl::new(
             vm.clone(),
             vcpu_gate,
@@ -363,7 +286,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             device_gate,
             device_kick,
             exit.clone(),
-            Box::new(move || metrics_json(&nets, &disks, &exits)),
+            Box::new(move || metrics_json(&devices, &exits)),
             cfg.mem_bytes,
             cfg.cpus,
         );
@@ -374,7 +297,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             vcpus: vcpu_requests,
             msr_indices,
             manifest,
-            devices: virtio_parts,
+            devices: virtio.clone(),
         });
         control.ram = Some(ram.clone());
         control.profile = Some(ProfileParts {
@@ -393,7 +316,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
         if let Some(path) = metrics {
             if last_metrics.elapsed() >= METRICS_PERIOD {
                 last_metrics = Instant::now();
-                if let Err(e) = write_metrics(path, &metrics_json(&nets, &disks, &exits)) {
+                if let Err(e) = write_metrics(path, &metrics_json(&virtio, &exits)) {
                     log::warn!("{e}");
                 }
             }
@@ -402,7 +325,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     let why = exit.reason();
     console::restore_terminal();
     if let Some(path) = metrics {
-        if let Err(e) = write_metrics(path, &metrics_json(&nets, &disks, &exits)) {
+        if let Err(e) = write_metrics(path, &metrics_json(&virtio, &exits)) {
             log::warn!("{e}");
         }
     }
@@ -413,151 +336,6 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     Ok(why)
 }
 
-/// What the metrics file says of one NIC.
-struct NetReport {
-    tap: String,
-    counters: Arc<NetMetrics>,
-    bad_accesses: Arc<AtomicU64>,
-    /// For the RSC counters (its lock is free between event-loop runs, on
-    /// this same thread).
-    handler: Arc<Mutex<NetHandler>>,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn add_net(
-    vm: &VmFd,
-    mem: &GuestMemoryMmap,
-    mmio: &mut Bus,
-    em: &mut EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
-    spec: &config::NetSpec,
-    index: usize,
-    base: u64,
-    irq: u32,
-) -> Result<(NetReport, Arc<Mutex<MmioTransport>>), VmError> {
-    let net_err = |err: String| VmError::Net {
-        tap: spec.tap.clone(),
-        err,
-    };
-    let activate = EventFd::new(libc::EFD_NONBLOCK)?;
-    let net = Net::new(
-        NetConfig {
-            tap: spec.tap.clone(),
-            mac: spec.mac.unwrap_or_else(|| config::default_mac(index)),
-            sndbuf: spec.sndbuf,
-            rsc: spec.rsc.then_some(spec.rsc_interval),
-        },
-        activate.try_clone()?,
-    )
-    .map_err(|e| net_err(e.to_string()))?;
-    let irq_evt = EventFd::new(libc::EFD_NONBLOCK)?;
-    vm.register_irqfd(&irq_evt, irq)
-        .map_err(kvm_op("register a virtio interrupt"))?;
-    let interrupt = Arc::new(Interrupt::new(irq_evt));
-    let queue_evts = [
-        EventFd::new(libc::EFD_NONBLOCK)?,
-        EventFd::new(libc::EFD_NONBLOCK)?,
-    ];
-    for (q, evt) in queue_evts.iter().enumerate() {
-        vm.register_ioevent(evt, &IoEventAddress::Mmio(base + NOTIFY_OFFSET), q as u32)
-            .map_err(kvm_op("register a queue notification"))?;
-    }
-    let transport_evts = vec![queue_evts[0].try_clone()?, queue_evts[1].try_clone()?];
-    let counters = net.metrics.clone();
-    let handler = NetHandler::new(
-        net.state(),
-        net.tap(),
-        activate,
-        queue_evts,
-        interrupt.clone(),
-        counters.clone(),
-        net.rsc_config(),
-    )
-    .map_err(|e| net_err(e.to_string()))?;
-    let handler = Arc::new(Mutex::new(handler));
-    let transport = MmioTransport::new(Box::new(net), mem.clone(), interrupt, transport_evts)
-        .map_err(|e| net_err(format!("queues: {e:?}")))?;
-    let bad_accesses = transport.bad_accesses();
-    let transport = Arc::new(Mutex::new(transport));
-    mmio.insert(transport.clone(), base, MMIO_WINDOW)
-        .map_err(|e| VmError::Devices(e.to_string()))?;
-    em.add_subscriber(handler.clone());
-    let report = NetReport {
-        tap: spec.tap.clone(),
-        counters,
-        bad_accesses,
-        handler,
-    };
-    Ok((report, transport))
-}
-
-/// What the metrics file says of one disk.
-struct DiskReport {
-    path: String,
-    id: String,
-    readonly: bool,
-    counters: Arc<BlockMetrics>,
-    bad_accesses: Arc<AtomicU64>,
-}
-
-fn add_disk(
-    vm: &VmFd,
-    mem: &GuestMemoryMmap,
-    mmio: &mut Bus,
-    em: &mut EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
-    spec: &config::DiskSpec,
-    base: u64,
-    irq: u32,
-) -> Result<(DiskReport, Arc<Mutex<MmioTransport>>), VmError> {
-    let path = spec.path.display().to_string();
-    let file =
-        DiskFile::open(&spec.path, spec.readonly).map_err(|e| VmError::Disk(e.to_string()))?;
-    let id = spec
-        .id
-        .clone()
-        .unwrap_or_else(|| config::default_disk_id(&spec.path));
-    let activate = EventFd::new(libc::EFD_NONBLOCK)?;
-    let block = Block::new(BlockConfig::with_id(&id), file, activate.try_clone()?);
-    let irq_evt = EventFd::new(libc::EFD_NONBLOCK)?;
-    vm.register_irqfd(&irq_evt, irq)
-        .map_err(kvm_op("register a virtio interrupt"))?;
-    let interrupt = Arc::new(Interrupt::new(irq_evt));
-    let queue_evt = EventFd::new(libc::EFD_NONBLOCK)?;
-    vm.register_ioevent(
-        &queue_evt,
-        &IoEventAddress::Mmio(base + NOTIFY_OFFSET),
-        0u32,
-    )
-    .map_err(kvm_op("register a queue notification"))?;
-    let transport_evts = vec![queue_evt.try_clone()?];
-    let counters = block.metrics.clone();
-    let handler = BlockHandler::new(
-        block.state(),
-        block.disk(),
-        block.id(),
-        activate,
-        queue_evt,
-        interrupt.clone(),
-        counters.clone(),
-    );
-    let transport = MmioTransport::new(Box::new(block), mem.clone(), interrupt, transport_evts)
-        .map_err(|e| VmError::Disk(format!("{path}: queues: {e:?}")))?;
-    let bad_accesses = transport.bad_accesses();
-    let transport = Arc::new(Mutex::new(transport));
-    mmio.insert(transport.clone(), base, MMIO_WINDOW)
-        .map_err(|e| VmError::Devices(e.to_string()))?;
-    em.add_subscriber(Arc::new(Mutex::new(handler)));
-    let report = DiskReport {
-        path,
-        id,
-        readonly: spec.readonly,
-        counters,
-        bad_accesses,
-    };
-    Ok((report, transport))
-}
-
-/// Runs the device event loop on its own thread until the VM ends,
-/// parking at `gate` while the VM is paused.
 fn spawn_device_thread(
     mut em: Subscribers,
     gate: Arc<Gate>,
@@ -632,39 +410,6 @@ fn write_profile(profiler: &Profiler, file: &Path, symbols: Option<&Path>) {
 }
 
 /// The device counters as JSON.
-fn metrics_json(nets: &[NetReport], disks: &[DiskReport], exits: &ExitCounts) -> serde_json::Value {
-    let blk: Vec<serde_json::Value> = disks
-        .iter()
-        .map(|d| {
-            let mut c = d.counters.snapshot();
-            c.bad_register_accesses += d.bad_accesses.load(Ordering::Relaxed);
-            serde_json::json!({
-                "path": d.path,
-                "id": d.id,
-                "readonly": d.readonly,
-                "counters": c,
-            })
-        })
-        .collect();
-    let list: Vec<serde_json::Value> = nets
-        .iter()
-        .map(|n| {
-            let mut c = n.counters.snapshot();
-            c.bad_register_accesses += n.bad_accesses.load(Ordering::Relaxed);
-            // `null` when RSC is off.
-            let rsc = devices::bus::lock(&n.handler).rsc_counters();
-            serde_json::json!({ "tap": n.tap, "counters": c, "rsc": rsc })
-        })
-        .collect();
-    serde_json::json!({
-        "net": list,
-        "blk": blk,
-        "emulation": crate::emulation::counts(),
-        "exits": exits.json(),
-    })
-}
-
-/// Writes the counters as JSON, atomically (temporary file, then rename).
 fn write_metrics(path: &Path, doc: &serde_json::Value) -> Result<(), VmError> {
     let err = |e: String| VmError::Metrics {
         path: path.display().to_string(),

@@ -1,0 +1,609 @@
+//! The VM's devices: where each one sits and how it is wired.
+//!
+//! Owns device placement (the legacy ports of COM1 and the i8042; one
+//! virtio-mmio window and IRQ per virtio device, NICs first, then disks, ids
+//! `net0`, `net1`, ..., `blk0`, ...), the guest command-line announcement of
+//! the virtio devices, the manifest's device list, and one path that adds a
+//! virtio device whatever its kind ([`DeviceManager::add_virtio`]: irqfd,
+//! ioeventfds per queue, transport on the MMIO bus, handler on the device
+//! event loop). It also saves and restores the virtio devices' state and
+//! reports their counters.
+//!
+//! Built on the VMM thread before any vCPU runs ([`DeviceManager::finish`]
+//! hands out the buses, read-only from then on and shared with the vCPU
+//! threads, and the event loop for the device thread). Never blocks a
+//! vCPU: each device has its own lock, taken for one register access.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use devices::i8042::I8042;
+use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
+use devices::virtio::block::disk::{DiskError, DiskFile};
+use devices::virtio::block::handler::BlockHandler;
+use devices::virtio::block::metrics::BlockMetrics;
+use devices::virtio::block::{Block, BlockConfig};
+use devices::virtio::mmio::{
+    Interrupt, MmioTransport, TransportStateError, MMIO_WINDOW, NOTIFY_OFFSET,
+};
+use devices::virtio::net::handler::{HandlerError, NetHandler};
+use devices::virtio::net::metrics::NetMetrics;
+use devices::virtio::net::tap::TapError;
+use devices::virtio::net::{Net, NetConfig};
+use devices::virtio::VirtioDevice;
+use devices::{Bus, BusError, GuestMemoryMmap};
+use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
+use kvm_ioctls::{IoEventAddress, VmFd};
+use migration::devices::{BlkState, DeviceState, MmioTransportState, NetState};
+use migration::manifest::MmioSlot;
+use migration::{DeviceConfig, Snapshottable};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::boot::layout;
+use crate::config::{self, DiskSpec, NetSpec};
+use crate::console::ConsoleOut;
+use crate::exit::ExitSignal;
+use crate::exit_counts::ExitCounts;
+use crate::kvm_util::{kvm_op, KvmOp};
+
+const I8042_PORT: u64 = 0x60;
+const I8042_PORTS: u64 = 5;
+/// virtio-mmio devices take IRQs from here up to the last IOAPIC pin.
+const VIRTIO_IRQ_BASE: u32 = 5;
+const VIRTIO_IRQ_LAST: u32 = 23;
+/// The id of the serial console in the manifest and its section.
+pub const SERIAL_ID: &str = "com1";
+
+/// The device event loop's subscribers.
+pub type Subscribers = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
+/// The serial console, as the VM has it.
+pub type SerialPort = Arc<Mutex<Serial<ConsoleOut<io::Stdout>>>>;
+
+/// Device errors.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("too many devices: at most {0} virtio devices")]
+    TooMany(u32),
+    #[error("--net tap={tap}: {source}")]
+    Tap { tap: String, source: TapError },
+    #[error("--net tap={tap}: {source}")]
+    NetHandler { tap: String, source: HandlerError },
+    #[error("--disk: {source}")]
+    Disk { path: String, source: DiskError },
+    #[error("--disk {path}: {source}")]
+    DiskSize { path: String, source: io::Error },
+    #[error("{id}: its queues: {source:?}")]
+    Queues {
+        id: String,
+        source: virtio_queue::Error,
+    },
+    #[error("device placement: {0}")]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Kvm(#[from] KvmOp),
+    #[error("cannot create an eventfd: {0}")]
+    EventFd(io::Error),
+    #[error("device {id}: {source}")]
+    State {
+        id: String,
+        source: TransportStateError,
+    },
+    #[error("device {id}: the saved state is of another kind of device")]
+    StateKind { id: String },
+    #[error("the serial port's saved state: {0}")]
+    Serial(io::Error),
+    #[error("the device event loop: {0:?}")]
+    EventLoop(event_manager::Error),
+}
+
+fn eventfd() -> Result<EventFd, DeviceError> {
+    EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)
+}
+
+/// Where virtio device `index` (NICs first, then disks) sits: its MMIO
+/// window and IRQ.
+pub fn virtio_slot(index: usize) -> Result<MmioSlot, DeviceError> {
+    let max = VIRTIO_IRQ_LAST - VIRTIO_IRQ_BASE + 1;
+    match u32::try_from(index) {
+        Ok(i) if i < max => Ok(MmioSlot {
+            base: layout::MMIO_GAP_START + u64::from(i) * MMIO_WINDOW,
+            irq: VIRTIO_IRQ_BASE + i,
+        }),
+        _ => Err(DeviceError::TooMany(max)),
+    }
+}
+
+/// The manifest's entries (guest-visible facts) of the virtio devices
+/// `nets` and `disks` would give, in bus order (each disk's size is read
+/// from its file).
+pub fn virtio_configs(
+    nets: &[NetSpec],
+    disks: &[DiskSpec],
+) -> Result<Vec<DeviceConfig>, DeviceError> {
+    let mut out = Vec::with_capacity(nets.len() + disks.len());
+    for (i, n) in nets.iter().enumerate() {
+        out.push(DeviceConfig::Net {
+            id: format!("net{i}"),
+            tap: n.tap.clone(),
+            mac: n.mac.unwrap_or_else(|| config::default_mac(i)),
+            rsc: n.rsc,
+            slot: virtio_slot(i)?,
+        });
+    }
+    for (j, d) in disks.iter().enumerate() {
+        let path = d.path.display().to_string();
+        let len = std::fs::metadata(&d.path)
+            .map_err(|source| DeviceError::DiskSize {
+                path: path.clone(),
+                source,
+            })?
+            .len();
+        out.push(DeviceConfig::Blk {
+            id: format!("blk{j}"),
+            path,
+            readonly: d.readonly,
+            bytes: len / 512 * 512,
+            serial: d
+                .id
+                .clone()
+                .unwrap_or_else(|| config::default_disk_id(&d.path)),
+            slot: virtio_slot(nets.len() + j)?,
+        });
+    }
+    Ok(out)
+}
+
+/// What a virtio device's handler and transport are given by the wiring.
+pub struct Wiring {
+    pub interrupt: Arc<Interrupt>,
+    /// One per queue: signalled by the guest's notify (ioeventfd).
+    pub queue_evts: Vec<EventFd>,
+}
+
+/// The parts of one virtio device, before they are wired in.
+pub struct VirtioParts {
+    pub device: Box<dyn VirtioDevice>,
+    pub handler: Arc<Mutex<dyn MutEventSubscriber + Send>>,
+    pub report: Report,
+}
+
+/// What the metrics say of one device.
+pub enum Report {
+    Net {
+        tap: String,
+        counters: Arc<NetMetrics>,
+        /// For the RSC counters (its lock is free between loop turns).
+        handler: Arc<Mutex<NetHandler>>,
+    },
+    Disk {
+        path: String,
+        id: String,
+        readonly: bool,
+        counters: Arc<BlockMetrics>,
+    },
+}
+
+/// One virtio device as the VM keeps it.
+pub struct VirtioSlot {
+    pub config: DeviceConfig,
+    pub transport: Arc<Mutex<MmioTransport>>,
+    report: Report,
+    bad_accesses: Arc<AtomicU64>,
+}
+
+impl VirtioSlot {
+    /// Its id in the manifest (`net0`, `blk0`, ...).
+    pub fn id(&self) -> &str {
+        self.config.id()
+    }
+
+    /// The device's state (the VM must be paused).
+    pub fn save(&self) -> Result<DeviceState, DeviceError> {
+        let transport = devices::bus::lock(&self.transport)
+            .save()
+            .map_err(|source| DeviceError::State {
+                id: self.id().to_string(),
+                source,
+            })?;
+        let acked_features = transport.acked_features;
+        Ok(match &self.config {
+            DeviceConfig::Net { tap, mac, .. } => DeviceState::VirtioNet {
+                transport,
+                net: NetState {
+                    mac: *mac,
+                    acked_features,
+                    tap: tap.clone(),
+                },
+            },
+            DeviceConfig::Blk {
+                path,
+                readonly,
+                serial,
+                ..
+            } => DeviceState::VirtioBlk {
+                transport,
+                blk: BlkState {
+                    path: path.clone(),
+                    readonly: *readonly,
+                    acked_features,
+                    id: serial.clone(),
+                },
+            },
+            DeviceConfig::Serial { .. } => {
+                return Err(DeviceError::StateKind {
+                    id: self.id().to_string(),
+                })
+            }
+        })
+    }
+
+    /// The transport state in `state`, if it is this kind of device.
+    pub fn transport_state<'a>(
+        &self,
+        state: &'a DeviceState,
+    ) -> Result<&'a MmioTransportState, DeviceError> {
+        match (&self.config, state) {
+            (DeviceConfig::Net { .. }, DeviceState::VirtioNet { transport, .. })
+            | (DeviceConfig::Blk { .. }, DeviceState::VirtioBlk { transport, .. }) => Ok(transport),
+            _ => Err(DeviceError::StateKind {
+                id: self.id().to_string(),
+            }),
+        }
+    }
+
+    /// Puts a saved state back (the VM paused; a live device is reset and
+    /// restarted on the saved queues).
+    pub fn restore(&self, state: &DeviceState) -> Result<(), DeviceError> {
+        let t = self.transport_state(state)?;
+        self.restore_transport(t)
+    }
+
+    /// Puts a saved transport state back (see [`Self::restore`]).
+    pub fn restore_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
+        devices::bus::lock(&self.transport)
+            .restore(t)
+            .map_err(|source| DeviceError::State {
+                id: self.id().to_string(),
+                source,
+            })
+    }
+}
+
+/// The VM's devices and buses, while they are being built.
+pub struct DeviceManager {
+    pio: Bus,
+    mmio: Bus,
+    subscribers: Subscribers,
+    virtio: Vec<VirtioSlot>,
+    serial: SerialPort,
+    serial_irq: EventFd,
+    exit: Arc<ExitSignal>,
+    mem: GuestMemoryMmap,
+    vm: Arc<VmFd>,
+}
+
+/// The VM's devices once built: the buses the vCPU threads share, the
+/// event loop the device thread runs, and the devices themselves.
+pub struct Devices {
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub subscribers: Subscribers,
+    pub virtio: Arc<[VirtioSlot]>,
+    pub serial: SerialPort,
+    serial_irq: EventFd,
+    exit: Arc<ExitSignal>,
+}
+
+impl Devices {
+    /// Puts the serial UART in a saved state (registers and unread FIFO
+    /// bytes), raising its interrupt if that state has one pending.
+    pub fn restore_serial(
+        &self,
+        state: &vm_superio::serial::SerialState,
+    ) -> Result<(), DeviceError> {
+        let irq = self.serial_irq.try_clone().map_err(DeviceError::EventFd)?;
+        let out = ConsoleOut::new(io::stdout(), self.exit.clone());
+        let uart = Serial::from_state(irq, out, state).map_err(DeviceError::Serial)?;
+        *devices::bus::lock(&self.serial) = uart;
+        Ok(())
+    }
+}
+
+impl DeviceManager {
+    /// The legacy devices (COM1 printing to this terminal; the i8042 for
+    /// resets) on a new port bus; virtio devices come with [`Self::add_all`].
+    pub fn new(
+        vm: Arc<VmFd>,
+        mem: GuestMemoryMmap,
+        exit: &Arc<ExitSignal>,
+    ) -> Result<DeviceManager, DeviceError> {
+        let serial_irq = eventfd()?;
+        vm.register_irqfd(&serial_irq, COM1_IRQ)
+            .map_err(kvm_op("register the serial interrupt"))?;
+        let out = ConsoleOut::new(io::stdout(), exit.clone());
+        let irq = serial_irq.try_clone().map_err(DeviceError::EventFd)?;
+        let serial = Arc::new(Mutex::new(Serial::new(irq, out)));
+        let mut pio = Bus::new();
+        pio.insert(serial.clone(), COM1_PORT, UART_PORTS)?;
+        let reset = exit.reset_evt().map_err(DeviceError::EventFd)?;
+        pio.insert(
+            Arc::new(Mutex::new(I8042::new(reset))),
+            I8042_PORT,
+            I8042_PORTS,
+        )?;
+        Ok(DeviceManager {
+            pio,
+            mmio: Bus::new(),
+            subscribers: Subscribers::new().map_err(DeviceError::EventLoop)?,
+            virtio: Vec::new(),
+            serial,
+            serial_irq,
+            exit: exit.clone(),
+            mem,
+            vm,
+        })
+    }
+
+    /// Hands out the built devices.
+    pub fn finish(self) -> Devices {
+        Devices {
+            pio: Arc::new(self.pio),
+            mmio: Arc::new(self.mmio),
+            subscribers: self.subscribers,
+            virtio: self.virtio.into(),
+            serial: self.serial,
+            serial_irq: self.serial_irq,
+            exit: self.exit,
+        }
+    }
+
+    /// The `virtio_mmio.device=` parameters that announce the virtio
+    /// devices to the guest, in bus order (the guest probes in that order).
+    pub fn announcement(&self) -> String {
+        self.virtio
+            .iter()
+            .filter_map(|v| v.config.slot())
+            .map(|s| format!(" virtio_mmio.device=4K@{:#x}:{}", s.base, s.irq))
+            .collect()
+    }
+
+    /// Adds the NIC and disks of `nets` and `disks` (whose manifest
+    /// entries are `configs`, see [`virtio_configs`]).
+    pub fn add_all(
+        &mut self,
+        nets: &[NetSpec],
+        disks: &[DiskSpec],
+        configs: Vec<DeviceConfig>,
+    ) -> Result<(), DeviceError> {
+        let mut configs = configs.into_iter();
+        for (i, spec) in nets.iter().enumerate() {
+            if let Some(c) = configs.next() {
+                self.add_virtio(c, 2, |w| net_parts(spec, i, w))?;
+            }
+        }
+        for spec in disks {
+            if let Some(c) = configs.next() {
+                self.add_virtio(c, 1, |w| disk_parts(spec, w))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wires a virtio device with `queues` queues into its slot: its
+    /// interrupt (irqfd), a queue-notify ioeventfd per queue, its transport
+    /// on the MMIO bus and its handler on the device event loop.
+    pub fn add_virtio(
+        &mut self,
+        config: DeviceConfig,
+        queues: usize,
+        build: impl FnOnce(Wiring) -> Result<VirtioParts, DeviceError>,
+    ) -> Result<(), DeviceError> {
+        let slot = config.slot().ok_or_else(|| DeviceError::StateKind {
+            id: config.id().to_string(),
+        })?;
+        let irq_evt = eventfd()?;
+        self.vm
+            .register_irqfd(&irq_evt, slot.irq)
+            .map_err(kvm_op("register a virtio interrupt"))?;
+        let interrupt = Arc::new(Interrupt::new(irq_evt));
+        let mut queue_evts = Vec::with_capacity(queues);
+        let mut transport_evts = Vec::with_capacity(queues);
+        for q in 0..queues {
+            let evt = eventfd()?;
+            self.vm
+                .register_ioevent(
+                    &evt,
+                    &IoEventAddress::Mmio(slot.base + NOTIFY_OFFSET),
+                    q as u32,
+                )
+                .map_err(kvm_op("register a queue notification"))?;
+            transport_evts.push(evt.try_clone().map_err(DeviceError::EventFd)?);
+            queue_evts.push(evt);
+        }
+        let parts = build(Wiring {
+            interrupt: interrupt.clone(),
+            queue_evts,
+        })?;
+        let transport =
+            MmioTransport::new(parts.device, self.mem.clone(), interrupt, transport_evts).map_err(
+                |source| DeviceError::Queues {
+                    id: config.id().to_string(),
+                    source,
+                },
+            )?;
+        let bad_accesses = transport.bad_accesses();
+        let transport = Arc::new(Mutex::new(transport));
+        self.mmio
+            .insert(transport.clone(), slot.base, MMIO_WINDOW)?;
+        self.subscribers.add_subscriber(parts.handler);
+        self.virtio.push(VirtioSlot {
+            config,
+            transport,
+            report: parts.report,
+            bad_accesses,
+        });
+        Ok(())
+    }
+}
+
+/// The device counters as JSON (what `--metrics` writes).
+pub fn metrics_json(virtio: &[VirtioSlot], exits: &ExitCounts) -> serde_json::Value {
+    let mut net = Vec::new();
+    let mut blk = Vec::new();
+    for v in virtio {
+        let bad = v.bad_accesses.load(Ordering::Relaxed);
+        match &v.report {
+            Report::Net {
+                tap,
+                counters,
+                handler,
+            } => {
+                let mut c = counters.snapshot();
+                c.bad_register_accesses += bad;
+                // `null` when RSC is off.
+                let rsc = devices::bus::lock(handler).rsc_counters();
+                net.push(serde_json::json!({ "tap": tap, "counters": c, "rsc": rsc }));
+            }
+            Report::Disk {
+                path,
+                id,
+                readonly,
+                counters,
+            } => {
+                let mut c = counters.snapshot();
+                c.bad_register_accesses += bad;
+                blk.push(serde_json::json!({
+                    "path": path, "id": id, "readonly": readonly, "counters": c,
+                }));
+            }
+        }
+    }
+    serde_json::json!({
+        "net": net,
+        "blk": blk,
+        "emulation": crate::emulation::counts(),
+        "exits": exits.json(),
+    })
+}
+
+/// A virtio-net device on the tap of `spec`.
+fn net_parts(spec: &NetSpec, index: usize, w: Wiring) -> Result<VirtioParts, DeviceError> {
+    let activate = eventfd()?;
+    let net = Net::new(
+        NetConfig {
+            tap: spec.tap.clone(),
+            mac: spec.mac.unwrap_or_else(|| config::default_mac(index)),
+            sndbuf: spec.sndbuf,
+            rsc: spec.rsc.then_some(spec.rsc_interval),
+        },
+        activate.try_clone().map_err(DeviceError::EventFd)?,
+    )
+    .map_err(|source| DeviceError::Tap {
+        tap: spec.tap.clone(),
+        source,
+    })?;
+    let mut evts = w.queue_evts.into_iter();
+    let (Some(rx), Some(tx)) = (evts.next(), evts.next()) else {
+        return Err(DeviceError::EventFd(io::Error::other("two queues wanted")));
+    };
+    let counters = net.metrics.clone();
+    let handler = NetHandler::new(
+        net.state(),
+        net.tap(),
+        activate,
+        [rx, tx],
+        w.interrupt,
+        counters.clone(),
+        net.rsc_config(),
+    )
+    .map_err(|source| DeviceError::NetHandler {
+        tap: spec.tap.clone(),
+        source,
+    })?;
+    let handler = Arc::new(Mutex::new(handler));
+    Ok(VirtioParts {
+        device: Box::new(net),
+        handler: handler.clone(),
+        report: Report::Net {
+            tap: spec.tap.clone(),
+            counters,
+            handler,
+        },
+    })
+}
+
+/// A virtio-blk device on the image of `spec`.
+fn disk_parts(spec: &DiskSpec, w: Wiring) -> Result<VirtioParts, DeviceError> {
+    let path = spec.path.display().to_string();
+    let file = DiskFile::open(&spec.path, spec.readonly).map_err(|source| DeviceError::Disk {
+        path: path.clone(),
+        source,
+    })?;
+    let id = spec
+        .id
+        .clone()
+        .unwrap_or_else(|| config::default_disk_id(&spec.path));
+    let activate = eventfd()?;
+    let block = Block::new(
+        BlockConfig::with_id(&id),
+        file,
+        activate.try_clone().map_err(DeviceError::EventFd)?,
+    );
+    let Some(queue_evt) = w.queue_evts.into_iter().next() else {
+        return Err(DeviceError::EventFd(io::Error::other("one queue wanted")));
+    };
+    let counters = block.metrics.clone();
+    let handler = BlockHandler::new(
+        block.state(),
+        block.disk(),
+        block.id(),
+        activate,
+        queue_evt,
+        w.interrupt,
+        counters.clone(),
+    );
+    Ok(VirtioParts {
+        device: Box::new(block),
+        handler: Arc::new(Mutex::new(handler)),
+        report: Report::Disk {
+            path,
+            id,
+            readonly: spec.readonly,
+            counters,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_mmio_gap_and_irq_range() {
+        let s = virtio_slot(0).unwrap();
+        assert_eq!((s.base, s.irq), (layout::MMIO_GAP_START, VIRTIO_IRQ_BASE));
+        let s = virtio_slot(2).unwrap();
+        assert_eq!(s.base, layout::MMIO_GAP_START + 2 * MMIO_WINDOW);
+        let max = (VIRTIO_IRQ_LAST - VIRTIO_IRQ_BASE + 1) as usize;
+        assert!(virtio_slot(max - 1).is_ok());
+        assert!(matches!(virtio_slot(max), Err(DeviceError::TooMany(_))));
+    }
+
+    #[test]
+    fn configs_name_nics_then_disks_in_order() {
+        let disk = std::env::temp_dir().join(format!("tandem-dm-{}", std::process::id()));
+        std::fs::write(&disk, vec![0u8; 4096 + 100]).unwrap();
+        let nets = [
+            config::parse_net("tap=t0").unwrap(),
+            config::parse_net("tap=t1").unwrap(),
+        ];
+        let disks = [config::parse_disk(&format!("path={}", disk.display())).unwrap()];
+        let c = virtio_configs(&nets, &disks).unwrap();
+        let ids: Vec<&str> = c.iter().map(|d| d.id()).collect();
+        assert_eq!(ids, ["net0", "net1", "blk0"]);
+        assert!(matches!(c[2], DeviceConfig::Blk { bytes: 4096, .. }));
+        assert_eq!(c[2].slot().unwrap().irq, VIRTIO_IRQ_BASE + 2);
+        std::fs::remove_file(&disk).unwrap();
+    }
+}
