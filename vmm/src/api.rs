@@ -11,6 +11,7 @@
 //! {"cmd":"snapshot","path":"F"}    -> {"ok":true,"path":"F","file_bytes":...}
 //! {"cmd":"profile_start","hz":N}   -> {"ok":true,"hz":N,...} (hz optional, default 1000)
 //! {"cmd":"profile_stop","path":"F"} -> {"ok":true,"samples":...,"top":[...],"table":"..."}
+//! {"cmd":"throttle","percent":N}   -> {"ok":true,"percent":N} (0 to 99; 0: off)
 //! {"cmd":"dirty_log","action":"start"|"read"|"stop"}
 //!                                  -> {"ok":true,"logging":...,"pages":...,"kvm_pages":...,...}
 //! ```
@@ -55,6 +56,7 @@ pub enum Request {
     ProfileStart { hz: u32 },
     ProfileStop { path: PathBuf },
     DirtyLog { action: DirtyLogAction },
+    Throttle { percent: u8 },
 }
 
 /// What `dirty_log` does: turn KVM's dirty log on, read (and reset) what
@@ -98,6 +100,10 @@ pub trait Control {
     /// Stops the guest profiler and writes its folded stacks to `path`.
     fn profile_stop(&mut self, _path: &Path) -> Result<Value, String> {
         Err("profiling is not available".into())
+    }
+    /// Makes every vCPU sleep `percent` of each throttle window.
+    fn throttle(&mut self, _percent: u8) -> Result<Value, String> {
+        Err("throttling is not available".into())
     }
     /// Starts, reads or stops the dirty log of guest memory.
     fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, String> {
@@ -165,6 +171,20 @@ impl Request {
                     &["action"],
                 )
             }
+            "throttle" => {
+                let percent = obj
+                    .get("percent")
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u8::try_from(n).ok())
+                    .filter(|&p| p <= crate::vcpu::MAX_THROTTLE)
+                    .ok_or_else(|| {
+                        format!(
+                            "throttle needs a \"percent\" from 0 to {}",
+                            crate::vcpu::MAX_THROTTLE
+                        )
+                    })?;
+                (Request::Throttle { percent }, &["percent"])
+            }
             other => return Err(format!("unknown cmd {other:?}")),
         };
         if let Some(k) = obj
@@ -213,6 +233,10 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             Err(e) => json!({"ok": false, "error": e}),
         },
         Request::ProfileStop { path } => match ctl.profile_stop(&path) {
+            Ok(v) => merge(v),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Request::Throttle { percent } => match ctl.throttle(percent) {
             Ok(v) => merge(v),
             Err(e) => json!({"ok": false, "error": e}),
         },
@@ -482,6 +506,10 @@ mod tests {
                 action: DirtyLogAction::Read
             })
         );
+        assert_eq!(
+            Request::parse(br#"{"cmd":"throttle","percent":60}"#),
+            Ok(Request::Throttle { percent: 60 })
+        );
         let a = handle_line(br#"{"cmd":"dirty_log","action":"start"}"#, &mut f);
         assert_eq!(a["error"], "the dirty log is not available");
         assert_eq!(handle_line(br#"{"cmd":"shutdown"}"#, &mut f)["ok"], true);
@@ -507,6 +535,9 @@ mod tests {
             b"{\"cmd\":\"profile_start\",\"hz\":-1}",
             b"{\"cmd\":\"profile_stop\"}",
             b"{\"cmd\":\"dirty_log\"}",
+            b"{\"cmd\":\"throttle\"}",
+            b"{\"cmd\":\"throttle\",\"percent\":100}",
+            b"{\"cmd\":\"throttle\",\"percent\":-5}",
             b"{\"cmd\":\"dirty_log\",\"action\":\"clear\"}",
             b"{\"cmd\":\"dirty_log\",\"action\":1}",
             b"{\"cmd\":\"profile_stop\",\"path\":\"x\",\"hz\":1}",

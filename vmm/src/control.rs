@@ -2,16 +2,14 @@
 //! devices and the guest clock), metrics, snapshot, shutdown. Runs on the
 //! VMM thread.
 //!
-//! A snapshot pauses a running VM, asks each parked vCPU thread for its
-//! state (a request on its channel, then a wake-up on the gate: only the
-//! thread owns its `VcpuFd`), reads the VM-wide and serial state here,
+//! A snapshot pauses a running VM, asks every paused vCPU thread for its
+//! state at once (an event on each one's handle: only the thread owns its
+//! `VcpuFd`, see `vcpus.rs`), reads the VM-wide and serial state here,
 //! writes the file (see `snapshot.rs`) and resumes the VM if it was running.
 
 use std::path::Path;
-use std::sync::mpsc::{self, Sender};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use devices::GuestMemoryMmap;
 use kvm_bindings::kvm_clock_data;
@@ -23,13 +21,10 @@ use crate::api::{Control, DirtyLogAction};
 use crate::device_manager::VirtioSlot;
 use crate::exit::{ExitSignal, VmExit};
 use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
-use crate::pause::{self, Gate};
+use crate::pause::Gate;
 use crate::profile::{self, Profiler};
 use crate::snapshot::{self, SaveReport, SaveState};
-use crate::vcpu::VcpuRequest;
-
-/// How long a parked vCPU may take to hand over its state.
-const VCPU_STATE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::vcpus::Vcpus;
 
 /// Reads the serial UART's state.
 pub type SerialStateFn = Box<dyn Fn() -> vm_superio::serial::SerialState + Send>;
@@ -38,8 +33,6 @@ pub type SerialStateFn = Box<dyn Fn() -> vm_superio::serial::SerialState + Send>
 pub struct SnapshotParts {
     pub mem: GuestMemoryMmap,
     pub serial: SerialStateFn,
-    /// One request channel per vCPU, in vCPU order.
-    pub vcpus: Vec<Sender<VcpuRequest>>,
     /// The MSRs saved for each vCPU (see `vcpu_state.rs`).
     pub msr_indices: Arc<Vec<u32>>,
     /// What the VM is (memory, vCPUs, devices).
@@ -61,8 +54,8 @@ pub type MetricsFn = Box<dyn Fn() -> Value + Send>;
 /// The VM as the control API sees it.
 pub struct VmControl {
     pub vm: Arc<VmFd>,
-    pub vcpu_gate: Arc<Gate>,
-    pub vcpu_threads: Vec<JoinHandle<()>>,
+    /// Every vCPU (shared with the VMM thread, which ends them).
+    pub vcpus: Arc<Mutex<Vcpus>>,
     pub device_gate: Arc<Gate>,
     /// Wakes the device thread so that it reaches its gate.
     pub device_kick: EventFd,
@@ -88,8 +81,7 @@ impl VmControl {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         vm: Arc<VmFd>,
-        vcpu_gate: Arc<Gate>,
-        vcpu_threads: Vec<JoinHandle<()>>,
+        vcpus: Arc<Mutex<Vcpus>>,
         device_gate: Arc<Gate>,
         device_kick: EventFd,
         exit: Arc<ExitSignal>,
@@ -99,8 +91,7 @@ impl VmControl {
     ) -> Self {
         VmControl {
             vm,
-            vcpu_gate,
-            vcpu_threads,
+            vcpus,
             device_gate,
             device_kick,
             exit,
@@ -131,24 +122,9 @@ impl VmControl {
                 .map_err(|e| format!("cannot read the guest clock: {e}"))?,
         };
         let vm = snapshot::read_vm_state(&self.vm, clock).map_err(|e| e.to_string())?;
-        let mut replies = Vec::with_capacity(parts.vcpus.len());
-        for (id, tx) in parts.vcpus.iter().enumerate() {
-            let (reply, rx) = mpsc::channel();
-            tx.send(VcpuRequest::Save {
-                msr_indices: parts.msr_indices.clone(),
-                reply,
-            })
-            .map_err(|_| format!("vCPU {id} has stopped"))?;
-            replies.push(rx);
-        }
-        self.vcpu_gate.wake();
-        let mut vcpus = Vec::with_capacity(replies.len());
-        for (id, rx) in replies.into_iter().enumerate() {
-            let state = rx
-                .recv_timeout(VCPU_STATE_TIMEOUT)
-                .map_err(|_| format!("vCPU {id} did not hand over its state"))??;
-            vcpus.push(state);
-        }
+        let vcpus = devices::bus::lock(&self.vcpus)
+            .capture(&parts.msr_indices)
+            .map_err(|e| e.to_string())?;
         let devices = parts
             .devices
             .iter()
@@ -181,15 +157,16 @@ impl Control for VmControl {
             return Err("the VM is already paused".into());
         }
         let start = Instant::now();
-        let threads = &self.vcpu_threads;
-        self.vcpu_gate
-            .pause(threads.len(), || pause::kick_all(threads))
+        devices::bus::lock(&self.vcpus)
+            .pause()
             .map_err(|e| format!("cannot pause the vCPUs: {e}"))?;
         let kick = &self.device_kick;
         if let Err(e) = self.device_gate.pause(1, || {
             let _ = kick.write(1);
         }) {
-            self.vcpu_gate.resume();
+            if let Err(r) = devices::bus::lock(&self.vcpus).resume() {
+                log::error!("pause: cannot resume the vCPUs again: {r}");
+            }
             return Err(format!("cannot pause the devices: {e}"));
         }
         // With every vCPU stopped, the guest clock is read once and set back
@@ -216,7 +193,9 @@ impl Control for VmControl {
             }
         }
         self.device_gate.resume();
-        self.vcpu_gate.resume();
+        devices::bus::lock(&self.vcpus)
+            .resume()
+            .map_err(|e| format!("cannot resume the vCPUs: {e}"))?;
         self.paused_at = None;
         Ok(())
     }
@@ -245,6 +224,13 @@ impl Control for VmControl {
         let parts = self.profile.as_ref().ok_or("profiling is not available")?;
         parts.profiler.start(hz).map_err(|e| e.to_string())?;
         Ok(json!({"hz": hz, "symbols": parts.symbols}))
+    }
+
+    fn throttle(&mut self, percent: u8) -> Result<Value, String> {
+        devices::bus::lock(&self.vcpus)
+            .throttle(percent)
+            .map_err(|e| e.to_string())?;
+        Ok(json!({"percent": percent}))
     }
 
     fn dirty_log(&mut self, action: DirtyLogAction) -> Result<Value, String> {

@@ -24,4 +24,5 @@ pub mod profile;
 pub mod snapshot;
 pub mod vcpu;
 pub mod vcpu_state;
+pub mod vcpus;
 pub mod vm;

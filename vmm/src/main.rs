@@ -41,7 +41,8 @@ Example: printf 'uname -r\\nreboot -f\\n' | tandem run")]
     /// (JSON). Exit status 0 when the request succeeded, 1 otherwise.
     #[command(after_help = "\
 Verbs: status, pause, resume, metrics, shutdown, snapshot PATH, \
-profile-start [--hz N], profile-stop PATH, dirty-log start|read|stop.
+profile-start [--hz N], profile-stop PATH, dirty-log start|read|stop, \
+throttle PERCENT.
 
 Example: tandem ctl --api-sock /tmp/vm.sock pause")]
     Ctl(CtlArgs),
@@ -90,6 +91,14 @@ enum Verb {
         /// Print the VMM's JSON answer instead of the table.
         #[arg(long)]
         json: bool,
+    },
+    /// Make every vCPU sleep PERCENT of each 50 ms window (what migration's
+    /// auto-converge does to a guest that dirties memory faster than it can
+    /// be sent); 0 turns it off.
+    Throttle {
+        /// 0 to 99.
+        #[arg(value_parser = clap::value_parser!(u8).range(0..=99))]
+        percent: u8,
     },
     /// Guest memory's dirty log: `start` turns KVM's log on, `read` prints
     /// the pages written since the last read (by the vCPUs and by device
@@ -232,6 +241,7 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
             let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
             serde_json::json!({"cmd": "profile_stop", "path": path})
         }
+        Verb::Throttle { percent } => serde_json::json!({"cmd": "throttle", "percent": percent}),
         Verb::DirtyLog { action } => serde_json::json!({"cmd": "dirty_log", "action": action}),
     };
     let table = matches!(args.verb, Verb::ProfileStop { json: false, .. });

@@ -1,29 +1,23 @@
-//! Pausing a running VM: every vCPU stops at a clean point (outside
-//! `KVM_RUN`, with its last exit fully handled) and device processing
-//! stops; resume undoes both.
+//! The two ways a running VM's threads are stopped:
 //!
-//! - vCPUs: [`Gate::pause`] raises a flag and kicks each vCPU thread with a
-//!   signal, so `KVM_RUN` returns `EINTR`; the thread sees the flag, parks,
-//!   and reports in. Kicks repeat until every vCPU has parked, which covers a
-//!   signal that lands just before a thread enters `KVM_RUN`.
-//! - Devices: the device thread runs one event loop; it checks the same kind
-//!   of gate between loop turns and parks there (it is woken by an eventfd).
+//! - vCPUs are kicked out of `KVM_RUN` by a signal ([`ThreadKick`]) whose
+//!   handler sets `immediate_exit` in the `kvm_run` of the thread it lands
+//!   on (registered by the vCPU thread with [`set_thread_kvm_run`]), so a
+//!   kick that arrives just before `KVM_RUN` makes it return at once
+//!   instead of being lost until the next exit. The vCPU thread clears it
+//!   at each clean point and reads its events there (`vcpu.rs`).
+//! - The device thread runs one event loop; it checks a [`Gate`] between
+//!   loop turns and parks there while the VM is paused (it is woken by an
+//!   eventfd).
 //!
-//! Never blocks a vCPU on anything but the gate while paused.
-//!
-//! The kick signal's handler sets `immediate_exit` in the `kvm_run` of the
-//! thread it lands on (registered by the vCPU thread with
-//! [`set_thread_kvm_run`]), so a kick that arrives just before `KVM_RUN`
-//! makes it return at once instead of being lost until the next exit. The
-//! vCPU thread clears it at each clean point.
+//! Nothing here blocks a vCPU.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 /// How long a pause may take before it is reported as failed.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -131,14 +125,6 @@ impl Gate {
 
     /// Called by a gated thread at a clean point: parks while paused.
     pub fn park_if_paused(&self) {
-        self.park_serving(|| {});
-    }
-
-    /// [`Gate::park_if_paused`], calling `serve` once parked and on every
-    /// [`Gate::wake`] while parked: the parked thread does work only it can
-    /// do (a vCPU reads its own state). `serve` runs with the gate's lock
-    /// held, so a request sent before `wake` is never missed.
-    pub fn park_serving(&self, mut serve: impl FnMut()) {
         if !self.pause_requested() {
             return;
         }
@@ -149,7 +135,6 @@ impl Gate {
         s.parked += 1;
         self.changed.notify_all();
         while s.paused {
-            serve();
             s = self
                 .changed
                 .wait(s)
@@ -203,27 +188,6 @@ impl Gate {
         self.requested.store(false, Ordering::SeqCst);
         self.changed.notify_all();
     }
-
-    /// Wakes the parked threads so that they look for work (see
-    /// [`Gate::park_serving`]); they stay parked.
-    pub fn wake(&self) {
-        let _s = devices::bus::lock(&self.state);
-        self.changed.notify_all();
-    }
-
-    /// Whether the VM is paused (asked for and not resumed).
-    pub fn is_paused(&self) -> bool {
-        devices::bus::lock(&self.state).paused
-    }
-}
-
-/// Kicks each vCPU thread out of `KVM_RUN`.
-pub fn kick_all<T>(threads: &[JoinHandle<T>]) {
-    for t in threads {
-        if let Err(e) = t.kill(kick_signal()) {
-            log::debug!("kick: {e}");
-        }
-    }
 }
 
 #[cfg(test)]
@@ -264,40 +228,6 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-    }
-
-    #[test]
-    fn a_parked_thread_serves_requests_and_stays_parked() {
-        let gate = Arc::new(Gate::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<u32>>();
-        let runs = Arc::new(AtomicU64::new(0));
-        let t = {
-            let (gate, stop, runs) = (gate.clone(), stop.clone(), runs.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    gate.park_serving(|| {
-                        while let Ok(reply) = rx.try_recv() {
-                            reply.send(7).unwrap();
-                        }
-                    });
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            })
-        };
-        gate.pause(1, || {}).unwrap();
-        let at_pause = runs.load(Ordering::SeqCst);
-        for _ in 0..3 {
-            let (reply, answer) = std::sync::mpsc::channel();
-            tx.send(reply).unwrap();
-            gate.wake();
-            assert_eq!(answer.recv_timeout(Duration::from_secs(5)), Ok(7));
-        }
-        assert_eq!(runs.load(Ordering::SeqCst), at_pause, "left the gate");
-        stop.store(true, Ordering::SeqCst);
-        gate.resume();
-        t.join().unwrap();
     }
 
     #[test]

@@ -33,10 +33,13 @@ use crate::memory::{GuestRam, MemoryError};
 use crate::pause::{self, Gate, ThreadKick};
 use crate::profile::{ProfileError, Profiler};
 use crate::snapshot::{self, Restore};
-use crate::vcpu::Vcpu;
+use crate::vcpu::{Vcpu, VcpuError};
 use crate::vcpu_state::{self, VcpuStateError};
+use crate::vcpus::Vcpus;
 
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
+/// How long each vCPU thread may take to end once the VM has ended.
+const VCPU_FINISH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often the device thread looks at its pause gate when idle.
 const DEVICE_TICK_MS: i32 = 100;
 
@@ -53,6 +56,8 @@ pub enum VmError {
     Memory(#[from] MemoryError),
     #[error(transparent)]
     Device(#[from] device_manager::DeviceError),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
     #[error(transparent)]
     Boot(#[from] boot::BootError),
     #[error(transparent)]
@@ -205,9 +210,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     } = devs;
 
     let base_cpuid = cpuid::supported(&kvm)?;
-    let vcpu_gate = Arc::new(Gate::default());
     let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
-    let mut vcpu_requests = Vec::with_capacity(cfg.cpus as usize);
     let kicks: Vec<Arc<ThreadKick>> = (0..cfg.cpus).map(|_| Arc::default()).collect();
     let profiler = Arc::new(Profiler::new(kicks.clone()));
     let exits = Arc::new(ExitCounts::default());
@@ -227,8 +230,6 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
                 vcpu_state::apply(&fd, saved).map_err(|err| VmError::VcpuState { id, err })?;
             }
         }
-        let (tx, requests) = std::sync::mpsc::channel();
-        vcpu_requests.push(tx);
         vcpus.push(Vcpu {
             fd,
             id,
@@ -236,8 +237,6 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             mmio: mmio.clone(),
             mem: mem.clone(),
             exit: exit.clone(),
-            gate: vcpu_gate.clone(),
-            requests,
             kick: kicks[usize::from(id)].clone(),
             profiler: profiler.clone(),
             exits: exits.clone(),
@@ -273,16 +272,18 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
     if cfg.profile.file.is_some() {
         profiler.start(cfg.profile.hz)?;
     }
-    let mut vcpu_threads = Vec::with_capacity(vcpus.len());
-    for v in vcpus {
-        vcpu_threads.push(v.spawn()?);
-    }
+    // Each thread starts paused; all run once every one has started.
+    let handles = vcpus
+        .into_iter()
+        .map(Vcpu::spawn)
+        .collect::<Result<Vec<_>, _>>()?;
+    let vcpus = Arc::new(Mutex::new(Vcpus::new(handles)));
+    devices::bus::lock(&vcpus).resume()?;
     if let Some(mut api) = api {
         let (devices, exits) = (virtio.clone(), exits.clone());
         let mut control = VmControl::new(
             vm.clone(),
-            vcpu_gate,
-            vcpu_threads,
+            vcpus.clone(),
             device_gate,
             device_kick,
             exit.clone(),
@@ -294,7 +295,6 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
         control.snapshot = Some(SnapshotParts {
             mem: mem.clone(),
             serial: Box::new(move || devices::bus::lock(&serial).state()),
-            vcpus: vcpu_requests,
             msr_indices,
             manifest,
             devices: virtio.clone(),
@@ -323,6 +323,7 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
         }
     }
     let why = exit.reason();
+    devices::bus::lock(&vcpus).finish(VCPU_FINISH_TIMEOUT);
     console::restore_terminal();
     if let Some(path) = metrics {
         if let Err(e) = write_metrics(path, &metrics_json(&virtio, &exits)) {

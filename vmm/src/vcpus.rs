@@ -1,0 +1,166 @@
+//! The VM's vCPU threads as a group: pause, resume, capture and apply
+//! state, throttle, finish. Each operation sends its event to every vCPU
+//! first (each send kicks that thread out of `KVM_RUN`) and then collects
+//! the answers, so the vCPUs do the work in parallel, each on its own
+//! thread, and the whole takes as long as the slowest one.
+//!
+//! Used from the VMM thread (the control API; later the migration and COLO
+//! threads, through the same lock). Never blocks a vCPU: a vCPU only ever
+//! waits on its own channel; a vCPU that does not answer in time is an
+//! error here, never a hang.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use migration::kvm::KvmVcpuState;
+
+use crate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply};
+
+/// How long a vCPU may take to stop, resume or hand over its state.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every vCPU of a VM, in id order.
+pub struct Vcpus {
+    handles: Vec<VcpuHandle>,
+}
+
+impl Vcpus {
+    /// The vCPUs of `handles` (threads started paused).
+    pub fn new(handles: Vec<VcpuHandle>) -> Self {
+        Vcpus { handles }
+    }
+
+    /// How many vCPUs there are.
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+
+    /// Sends `ev(id)` to every vCPU, then waits for each one's answer and
+    /// hands it to `take`.
+    fn round<T>(
+        &self,
+        what: &'static str,
+        mut ev: impl FnMut(usize) -> VcpuEvent,
+        mut take: impl FnMut(&VcpuHandle, VcpuReply) -> Result<T, VcpuError>,
+    ) -> Result<Vec<T>, VcpuError> {
+        for h in &self.handles {
+            h.drain_answers();
+        }
+        for (i, h) in self.handles.iter().enumerate() {
+            h.send(ev(i))?;
+        }
+        let mut out = Vec::with_capacity(self.handles.len());
+        let mut first_err = None;
+        for h in &self.handles {
+            // Every answer is awaited, even after an error, so that none is
+            // left to confuse the next round.
+            match h.answer(what, ANSWER_TIMEOUT).and_then(|r| take(h, r)) {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Stops every vCPU outside `KVM_RUN`. If one does not stop, the others
+    /// are resumed and the error says which.
+    pub fn pause(&self) -> Result<(), VcpuError> {
+        let r = self.round(
+            "stop",
+            |_| VcpuEvent::Pause,
+            |h, r| expect(h, r, |r| matches!(r, VcpuReply::Paused)),
+        );
+        if r.is_err() {
+            let _ = self.resume();
+        }
+        r.map(|_| ())
+    }
+
+    /// Lets every vCPU run again.
+    pub fn resume(&self) -> Result<(), VcpuError> {
+        self.round(
+            "resume",
+            |_| VcpuEvent::Resume,
+            |h, r| expect(h, r, |r| matches!(r, VcpuReply::Resumed)),
+        )
+        .map(|_| ())
+    }
+
+    /// The state of every vCPU (paused), read in parallel.
+    pub fn capture(&self, msr_indices: &Arc<Vec<u32>>) -> Result<Vec<KvmVcpuState>, VcpuError> {
+        self.round(
+            "hand over its state",
+            |_| VcpuEvent::SaveState(msr_indices.clone()),
+            |h, r| match r {
+                VcpuReply::State(s) => (*s).map_err(|source| VcpuError::State { id: h.id, source }),
+                other => Err(unexpected(h, other)),
+            },
+        )
+    }
+
+    /// Writes `states` (one per vCPU, in id order) to the paused vCPUs.
+    pub fn apply(&self, states: Vec<KvmVcpuState>) -> Result<(), VcpuError> {
+        if states.len() != self.handles.len() {
+            return Err(VcpuError::Count {
+                have: self.handles.len(),
+                states: states.len(),
+            });
+        }
+        let mut states = states.into_iter();
+        self.round(
+            "take its state",
+            |_| VcpuEvent::RestoreState(Box::new(states.next().unwrap_or_default())),
+            |h, r| match r {
+                VcpuReply::Restored(res) => {
+                    res.map_err(|source| VcpuError::State { id: h.id, source })
+                }
+                other => Err(unexpected(h, other)),
+            },
+        )
+        .map(|_| ())
+    }
+
+    /// Makes every vCPU sleep `percent` of each throttle window (0: off).
+    pub fn throttle(&self, percent: u8) -> Result<(), VcpuError> {
+        for h in &self.handles {
+            h.send(VcpuEvent::Throttle(percent))?;
+        }
+        Ok(())
+    }
+
+    /// Ends every vCPU thread and joins it, each waiting at most `timeout`.
+    pub fn finish(&mut self, timeout: Duration) {
+        for h in self.handles.drain(..) {
+            h.finish(timeout);
+        }
+    }
+}
+
+fn expect(
+    h: &VcpuHandle,
+    r: VcpuReply,
+    want: impl Fn(&VcpuReply) -> bool,
+) -> Result<(), VcpuError> {
+    if want(&r) {
+        Ok(())
+    } else {
+        Err(unexpected(h, r))
+    }
+}
+
+fn unexpected(h: &VcpuHandle, r: VcpuReply) -> VcpuError {
+    VcpuError::Answer {
+        id: h.id,
+        answer: format!("{r:?}"),
+    }
+}
