@@ -1,10 +1,13 @@
 //! tandem: a KVM virtual machine monitor.
 //!
-//! `vm` builds and runs a VM from a `config::VmConfig`; `boot` loads Linux;
-//! `vcpu` runs the vCPU threads; `console` connects the serial port to the
-//! user's terminal; `host`, `cpuid` and `emulation` hold what this host's
-//! KVM needs (see each module); `profile` samples where the guest spends
-//! its time.
+//! `vm` builds and runs a VM from a `config::VmConfig`: guest RAM and its
+//! dirty log (`memory`), the devices (`device_manager`), the vCPU threads
+//! (`vcpu`, driven as a group by `vcpus`); `boot` loads Linux; `console`
+//! connects the serial port to the user's terminal; `api` serves the
+//! control socket and `control` maps its verbs onto the VM; `snapshot` and
+//! `vcpu_state` save and restore; `host`, `cpuid` and `emulation` hold what
+//! this host's KVM needs (see each module); `profile` samples where the
+//! guest spends its time; `kvm_util` is the one KVM error.
 
 pub mod api;
 pub mod boot;
