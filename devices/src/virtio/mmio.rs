@@ -264,15 +264,22 @@ impl MmioTransport {
             self.status |= status::FAILED;
             return;
         }
-        if Some(new) != lifecycle::next_bit(cur) {
-            return self.bad("status bits not set one at a time in order", 0x70);
-        }
-        if new == status::FEATURES_OK && !self.features_acceptable(self.acked_features) {
-            return self.bad("features not offered, or no VERSION_1", 0x70);
-        }
-        self.status |= new;
-        if new == status::DRIVER_OK {
-            self.activate();
+        // Several bits in one write are taken one by one, in the driver's
+        // order (as if written one at a time); the first that cannot come
+        // next, or is refused, ends the write.
+        let mut new = new;
+        while new != 0 {
+            let Some(bit) = lifecycle::next_bit(self.status).filter(|b| new & b != 0) else {
+                return self.bad("status bits not set in the driver's order", 0x70);
+            };
+            if bit == status::FEATURES_OK && !self.features_acceptable(self.acked_features) {
+                return self.bad("features not offered, or no VERSION_1", 0x70);
+            }
+            self.status |= bit;
+            new &= !bit;
+            if bit == status::DRIVER_OK {
+                self.activate();
+            }
         }
     }
 

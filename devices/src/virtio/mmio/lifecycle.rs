@@ -3,8 +3,9 @@
 //! a driver may set next, which values a transport can ever hold, and which
 //! of them mean the device is running.
 //!
-//! The driver sets ACKNOWLEDGE, DRIVER, FEATURES_OK and DRIVER_OK one write
-//! at a time, in that order, and clears them only by writing 0 (a reset).
+//! The driver sets ACKNOWLEDGE, DRIVER, FEATURES_OK and DRIVER_OK in that
+//! order (a write with several new bits is taken bit by bit in that order),
+//! and clears them only by writing 0 (a reset).
 //! FAILED may be set at any time; after it (or after DEVICE_NEEDS_RESET)
 //! only a reset moves the status on. DEVICE_NEEDS_RESET is the device's: it
 //! is set only when the start on DRIVER_OK fails. Other bits are ignored.
