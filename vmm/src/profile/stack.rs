@@ -303,6 +303,15 @@ mod tests {
     }
 
     #[test]
+    fn frames_at_the_top_of_the_address_space_end_the_chain() {
+        let (mem, paging) = mapped();
+        for fp in [u64::MAX, u64::MAX - 7, u64::MAX - 15] {
+            let (chain, end) = kernel_chain(&mem, &paging, TEXT, fp, KBASE);
+            assert_eq!((chain, end), (vec![TEXT], ChainEnd::BadFrame), "{fp:#x}");
+        }
+    }
+
+    #[test]
     fn a_long_chain_stops_at_the_depth_limit() {
         let (mem, paging) = mapped();
         // 100 frames, each 32 bytes above the last.
