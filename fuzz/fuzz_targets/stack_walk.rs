@@ -4,9 +4,9 @@
 //! never panic, whatever the memory holds.
 #![no_main]
 
+use devices::GuestMemoryMmap;
 use libfuzzer_sys::fuzz_target;
 use vm_memory::{Bytes, GuestAddress};
-use devices::GuestMemoryMmap;
 use vmm::profile::stack::{kernel_chain, translate, Paging, MAX_DEPTH};
 
 const MEM: usize = 1 << 20;

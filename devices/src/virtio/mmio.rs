@@ -4,7 +4,11 @@
 //! configuration space above. Every access comes from the guest and is
 //! checked: a wrong width, an unknown offset, a write out of order (queue
 //! set-up after DRIVER_OK, features the device never offered) is counted and
-//! ignored, never a panic. Queue notifications normally never reach this
+//! ignored, never a panic. The status register follows the rules in
+//! [`lifecycle`]: the device is started on exactly the write that sets
+//! DRIVER_OK after an accepted FEATURES_OK, and a start that fails (a queue
+//! outside guest memory, a device that refuses) sets DEVICE_NEEDS_RESET and
+//! leaves the device stopped. Queue notifications normally never reach this
 //! code: the VMM registers each queue's eventfd as a KVM ioeventfd on the
 //! notify register; a notify that does arrive here is forwarded to the same
 //! eventfd.
@@ -16,10 +20,13 @@ use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{status, VirtioDevice, INT_CONFIG, VIRTIO_F_VERSION_1};
+use super::{status, ActivateError, VirtioDevice, INT_CONFIG, VIRTIO_F_VERSION_1};
 use crate::bus::BusDevice;
 
+mod lifecycle;
 mod state;
+#[cfg(test)]
+mod tests;
 pub use state::TransportStateError;
 
 /// Size of one device's window.
@@ -229,71 +236,106 @@ impl MmioTransport {
         }
     }
 
+    /// A driver write of the status register, by the rules in
+    /// [`lifecycle`]: 0 resets; otherwise the write may add FAILED or the
+    /// one bit that comes next, and the rest of it is ignored and counted.
+    /// FEATURES_OK is refused (left clear) for features the device cannot
+    /// take; DRIVER_OK after an accepted FEATURES_OK starts the device.
     fn write_status(&mut self, v: u32) {
         if v == 0 {
-            self.reset();
-            return;
+            return self.reset();
         }
-        // Bits are only ever added, and in order.
-        if v & self.status != self.status {
+        let cur = self.status;
+        if v & cur != cur {
             return self.bad("status bits cleared without a reset", 0x70);
         }
-        let new = v & !self.status;
-        if new & status::FEATURES_OK != 0 {
-            let offered = self.offered();
-            if self.acked_features & !offered != 0 || self.acked_features & VIRTIO_F_VERSION_1 == 0
-            {
-                self.bad("features not offered, or no VERSION_1", 0x70);
-                self.status = v & !status::FEATURES_OK;
-                return;
-            }
+        if v & !lifecycle::DRIVER_BITS & !cur != 0 {
+            // Unknown bits, or DEVICE_NEEDS_RESET the device never set.
+            self.bad("status bits a driver cannot set, ignored", 0x70);
         }
-        if new & status::DRIVER_OK != 0 {
-            if self.status & status::FEATURES_OK == 0 {
-                return self.bad("DRIVER_OK before FEATURES_OK", 0x70);
-            }
-            self.status = v;
-            self.activate();
+        let new = v & lifecycle::DRIVER_BITS & !cur;
+        if new == 0 {
             return;
         }
-        self.status = v;
-    }
-
-    fn activate(&mut self) {
-        for (i, q) in self.queues.iter().enumerate() {
-            if q.ready() && !q.is_valid(&self.mem) {
-                self.bad("queue not valid in guest memory", 0x44);
-                return self.needs_reset(&format!("queue {i} is not valid"));
+        if new & status::FAILED != 0 {
+            if new != status::FAILED {
+                self.bad("status bits set with FAILED, ignored", 0x70);
+            }
+            self.status |= status::FAILED;
+            return;
+        }
+        // Several bits in one write are taken one by one, in the driver's
+        // order (as if written one at a time); the first that cannot come
+        // next, or is refused, ends the write.
+        let mut new = new;
+        while new != 0 {
+            let Some(bit) = lifecycle::next_bit(self.status).filter(|b| new & b != 0) else {
+                return self.bad("status bits not set in the driver's order", 0x70);
+            };
+            if bit == status::FEATURES_OK && !self.features_acceptable(self.acked_features) {
+                return self.bad("features not offered, or no VERSION_1", 0x70);
+            }
+            self.status |= bit;
+            new &= !bit;
+            if bit == status::DRIVER_OK {
+                self.activate();
             }
         }
-        let mut queues = Vec::with_capacity(self.queues.len());
-        for q in &self.queues {
-            let Ok(mut copy) = Queue::new(q.max_size()) else {
-                return self.needs_reset("queue copy");
-            };
-            copy.set_size(q.size());
-            copy.set_desc_table_address(
-                Some(q.desc_table() as u32),
-                Some((q.desc_table() >> 32) as u32),
-            );
-            copy.set_avail_ring_address(
-                Some(q.avail_ring() as u32),
-                Some((q.avail_ring() >> 32) as u32),
-            );
-            copy.set_used_ring_address(
-                Some(q.used_ring() as u32),
-                Some((q.used_ring() >> 32) as u32),
-            );
-            copy.set_event_idx(self.acked_features & super::VIRTIO_RING_F_EVENT_IDX != 0);
-            copy.set_ready(q.ready());
-            queues.push(copy);
+    }
+
+    /// Whether the device can work with `acked` (FEATURES_OK): only
+    /// features it offered, and VERSION_1.
+    fn features_acceptable(&self, acked: u64) -> bool {
+        acked & !self.offered() == 0 && acked & VIRTIO_F_VERSION_1 != 0
+    }
+
+    /// The first ready queue of `queues` that does not fit in guest memory.
+    fn invalid_queue(&self, queues: &[Queue]) -> Option<usize> {
+        queues
+            .iter()
+            .position(|q| q.ready() && !q.is_valid(&self.mem))
+    }
+
+    /// DRIVER_OK was just set: starts the device on copies of the queues as
+    /// the driver programmed them; a queue outside guest memory or a device
+    /// that refuses leaves it stopped, with DEVICE_NEEDS_RESET.
+    fn activate(&mut self) {
+        if let Some(i) = self.invalid_queue(&self.queues) {
+            self.bad("queue not valid in guest memory", 0x44);
+            return self.needs_reset(&format!("queue {i} is not valid"));
         }
-        if let Err(e) = self
-            .device
-            .activate(self.acked_features, queues, self.mem.clone())
-        {
+        let event_idx = self.acked_features & super::VIRTIO_RING_F_EVENT_IDX != 0;
+        let copies = self
+            .queues
+            .iter()
+            .map(|q| {
+                Queue::try_from(virtio_queue::QueueState {
+                    next_avail: 0,
+                    next_used: 0,
+                    event_idx_enabled: event_idx,
+                    ..q.state()
+                })
+            })
+            .collect::<Result<Vec<_>, _>>();
+        let result = match copies {
+            Ok(queues) => self.start(self.acked_features, queues),
+            Err(e) => return self.needs_reset(&format!("queue copy: {e:?}")),
+        };
+        if let Err(e) = result {
             self.needs_reset(&e.to_string());
         }
+    }
+
+    /// Starts the device with `acked` on `queues` (the device's own copies,
+    /// with their ring positions): the one way a device goes live, on the
+    /// driver's DRIVER_OK or on a restore. A device that refuses is reset,
+    /// so that it never runs half started.
+    fn start(&mut self, acked: u64, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        let result = self.device.activate(acked, queues, self.mem.clone());
+        if result.is_err() {
+            self.device.reset();
+        }
+        result
     }
 
     fn needs_reset(&mut self, why: &str) {
@@ -347,212 +389,5 @@ impl BusDevice for MmioTransport {
             return self.bad("register write not aligned", offset);
         }
         self.write_register(offset, u32::from_le_bytes(bytes));
-    }
-}
-
-#[cfg(test)]
-pub(super) mod tests {
-    use std::sync::Mutex;
-
-    use vm_memory::GuestAddress;
-
-    use super::*;
-    use crate::virtio::ActivateError;
-
-    #[derive(Default)]
-    pub(super) struct Seen {
-        pub(super) activated: Option<(u64, usize)>,
-        /// The queues as activated (what `queue_states` reports).
-        pub(super) live: Option<Vec<virtio_queue::QueueState>>,
-        resets: u32,
-        config: Vec<u8>,
-    }
-
-    struct Dummy(Arc<Mutex<Seen>>);
-
-    impl VirtioDevice for Dummy {
-        fn device_type(&self) -> u32 {
-            1
-        }
-        fn queue_max_sizes(&self) -> &[u16] {
-            &[256, 256]
-        }
-        fn features(&self) -> u64 {
-            1 << 5 // VIRTIO_NET_F_MAC
-        }
-        fn read_config(&self, offset: u64, data: &mut [u8]) {
-            for (i, b) in data.iter_mut().enumerate() {
-                *b = offset as u8 + i as u8;
-            }
-        }
-        fn write_config(&mut self, _offset: u64, data: &[u8]) {
-            self.0.lock().unwrap().config.extend_from_slice(data);
-        }
-        fn activate(
-            &mut self,
-            acked: u64,
-            queues: Vec<Queue>,
-            _mem: GuestMemoryMmap,
-        ) -> Result<(), ActivateError> {
-            let mut seen = self.0.lock().unwrap();
-            seen.activated = Some((acked, queues.len()));
-            seen.live = Some(queues.iter().map(|q| q.state()).collect());
-            Ok(())
-        }
-        fn reset(&mut self) {
-            self.0.lock().unwrap().resets += 1;
-        }
-        fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
-            self.0.lock().unwrap().live.clone()
-        }
-    }
-
-    pub(super) fn transport() -> (MmioTransport, Arc<Mutex<Seen>>, Vec<EventFd>) {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let evts: Vec<EventFd> = (0..2)
-            .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
-            .collect();
-        let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
-        let t = MmioTransport::new(
-            Box::new(Dummy(seen.clone())),
-            mem,
-            Arc::new(Interrupt::new(irq)),
-            clones,
-        )
-        .unwrap();
-        (t, seen, evts)
-    }
-
-    fn r(t: &mut MmioTransport, off: u64) -> u32 {
-        let mut b = [0u8; 4];
-        t.read(off, &mut b);
-        u32::from_le_bytes(b)
-    }
-
-    pub(super) fn w(t: &mut MmioTransport, off: u64, v: u32) {
-        t.write(off, &v.to_le_bytes());
-    }
-
-    pub(super) fn setup_queue(t: &mut MmioTransport, sel: u32, base: u64) {
-        w(t, 0x30, sel);
-        assert_eq!(r(t, 0x34), 256);
-        w(t, 0x38, 256);
-        w(t, 0x80, base as u32);
-        w(t, 0x84, 0);
-        w(t, 0x90, (base + 0x1000) as u32);
-        w(t, 0x94, 0);
-        w(t, 0xa0, (base + 0x2000) as u32);
-        w(t, 0xa4, 0);
-        w(t, 0x44, 1);
-    }
-
-    #[test]
-    fn identity_registers() {
-        let (mut t, _, _) = transport();
-        assert_eq!(r(&mut t, 0x0), MAGIC);
-        assert_eq!(r(&mut t, 0x4), 2);
-        assert_eq!(r(&mut t, 0x8), 1);
-        w(&mut t, 0x14, 1);
-        assert_eq!(r(&mut t, 0x10), 1, "VERSION_1 in the high page");
-        w(&mut t, 0x14, 0);
-        assert_eq!(r(&mut t, 0x10), 1 << 5);
-        let mut cfg = [0u8; 2];
-        t.read(0x104, &mut cfg);
-        assert_eq!(cfg, [4, 5]);
-    }
-
-    /// What a driver does up to DRIVER_OK: features (MAC and VERSION_1),
-    /// FEATURES_OK, both queues.
-    pub(super) fn start_device(t: &mut MmioTransport) {
-        w(t, 0x70, status::ACKNOWLEDGE);
-        w(t, 0x70, status::ACKNOWLEDGE | status::DRIVER);
-        w(t, 0x24, 0);
-        w(t, 0x20, 1 << 5);
-        w(t, 0x24, 1);
-        w(t, 0x20, 1);
-        let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-        w(t, 0x70, s);
-        assert_eq!(r(t, 0x70), s);
-        setup_queue(t, 0, 0x10000);
-        setup_queue(t, 1, 0x20000);
-        w(t, 0x70, s | status::DRIVER_OK);
-    }
-
-    #[test]
-    fn full_negotiation_activates_the_device() {
-        let (mut t, seen, evts) = transport();
-        start_device(&mut t);
-        assert_eq!(
-            seen.lock().unwrap().activated,
-            Some(((1 << 5) | VIRTIO_F_VERSION_1, 2))
-        );
-        // A notify that reaches the transport signals the queue's eventfd.
-        w(&mut t, 0x50, 1);
-        assert_eq!(evts[1].read().unwrap(), 1);
-        w(&mut t, 0x50, 7);
-        assert_eq!(t.bad_accesses().load(Ordering::Relaxed), 1);
-        // Reset.
-        w(&mut t, 0x70, 0);
-        assert_eq!(r(&mut t, 0x70), 0);
-        assert_eq!(seen.lock().unwrap().resets, 1);
-    }
-
-    #[test]
-    fn hostile_accesses_are_counted_and_ignored() {
-        let (mut t, seen, _) = transport();
-        let bad = t.bad_accesses();
-        // Offered features only, and VERSION_1 is required.
-        w(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER);
-        w(&mut t, 0x20, 1 << 7);
-        w(
-            &mut t,
-            0x70,
-            status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
-        );
-        assert_eq!(r(&mut t, 0x70) & status::FEATURES_OK, 0);
-        // Queue set-up before FEATURES_OK.
-        w(&mut t, 0x38, 16);
-        // Odd widths and offsets.
-        t.write(0x30, &[1]);
-        t.write(0x31, &[1, 2, 3, 4]);
-        let mut b = [0xffu8; 2];
-        t.read(0x0, &mut b);
-        assert_eq!(b, [0, 0]);
-        assert_eq!(r(&mut t, 0xf0), 0);
-        w(&mut t, 0xf0, 1);
-        // Queue selector past the end.
-        w(&mut t, 0x30, 99);
-        assert_eq!(r(&mut t, 0x34), 0);
-        // DRIVER_OK without FEATURES_OK.
-        w(
-            &mut t,
-            0x70,
-            status::ACKNOWLEDGE | status::DRIVER | status::DRIVER_OK,
-        );
-        assert!(seen.lock().unwrap().activated.is_none());
-        assert!(
-            bad.load(Ordering::Relaxed) >= 8,
-            "{}",
-            bad.load(Ordering::Relaxed)
-        );
-    }
-
-    #[test]
-    fn a_queue_outside_guest_memory_needs_reset() {
-        let (mut t, seen, _) = transport();
-        w(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER);
-        w(&mut t, 0x24, 1);
-        w(&mut t, 0x20, 1);
-        let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-        w(&mut t, 0x70, s);
-        setup_queue(&mut t, 0, 0x7fff_0000);
-        w(&mut t, 0x70, s | status::DRIVER_OK);
-        assert!(seen.lock().unwrap().activated.is_none());
-        assert_ne!(r(&mut t, 0x70) & status::DEVICE_NEEDS_RESET, 0);
-        assert_ne!(r(&mut t, 0x60) & INT_CONFIG, 0);
-        w(&mut t, 0x64, INT_CONFIG);
-        assert_eq!(r(&mut t, 0x60), 0);
     }
 }

@@ -98,6 +98,12 @@ fn read_u64(mem: &GuestMemoryMmap, paging: &Paging, va: u64) -> Option<u64> {
     mem.read_obj(GuestAddress(pa)).ok()
 }
 
+/// Reads the value `offset` bytes above guest-virtual `base`; none past the
+/// top of the address space (the guest chose `base`).
+fn read_at(mem: &GuestMemoryMmap, paging: &Paging, base: u64, offset: u64) -> Option<u64> {
+    read_u64(mem, paging, base.checked_add(offset)?)
+}
+
 /// Whether `va` is in the upper (kernel) half of the address space.
 fn kernel_half(va: u64) -> bool {
     va >> 63 == 1
@@ -145,9 +151,9 @@ pub fn kernel_chain(
                 return (chain, ChainEnd::BadFrame);
             }
             let (Some(ip), Some(bp), Some(cs)) = (
-                read_u64(mem, paging, regs + PT_REGS_IP),
-                read_u64(mem, paging, regs + PT_REGS_BP),
-                read_u64(mem, paging, regs + PT_REGS_CS),
+                read_at(mem, paging, regs, PT_REGS_IP),
+                read_at(mem, paging, regs, PT_REGS_BP),
+                read_at(mem, paging, regs, PT_REGS_CS),
             ) else {
                 return (chain, ChainEnd::BadFrame);
             };
@@ -165,7 +171,7 @@ pub fn kernel_chain(
             floor = bp;
             continue;
         }
-        let (Some(next), Some(ret)) = (read_u64(mem, paging, fp), read_u64(mem, paging, fp + 8))
+        let (Some(next), Some(ret)) = (read_u64(mem, paging, fp), read_at(mem, paging, fp, 8))
         else {
             return (chain, ChainEnd::BadFrame);
         };
@@ -174,7 +180,7 @@ pub fn kernel_chain(
         }
         chain.push(ret);
         // The caller's frame must lie strictly above this one.
-        floor = fp + 16;
+        floor = fp.saturating_add(16);
         fp = next;
     }
     (chain, ChainEnd::Depth)
@@ -294,6 +300,15 @@ mod tests {
         put(&mem, f + 8, 0x40_0000);
         let (chain, end) = kernel_chain(&mem, &paging, TEXT, f, f);
         assert_eq!((chain.len(), end), (1, ChainEnd::BadFrame));
+    }
+
+    #[test]
+    fn frames_at_the_top_of_the_address_space_end_the_chain() {
+        let (mem, paging) = mapped();
+        for fp in [u64::MAX, u64::MAX - 7, u64::MAX - 15] {
+            let (chain, end) = kernel_chain(&mem, &paging, TEXT, fp, KBASE);
+            assert_eq!((chain, end), (vec![TEXT], ChainEnd::BadFrame), "{fp:#x}");
+        }
     }
 
     #[test]

@@ -7,26 +7,26 @@
 //! ([`VirtioDevice::queue_states`]).
 //!
 //! A restore is applied to a transport freshly built for the same device
-//! (before any vCPU runs). The state came from a file: every field is checked
-//! against the device (queue count and sizes, offered features, status bits
-//! in a possible order, queues inside guest memory) and a bad one is an error,
-//! with nothing applied. A state with DRIVER_OK restarts the device with its
-//! queues where they were, exactly as the driver's DRIVER_OK did; an
-//! interrupt the driver had not acknowledged is raised again.
+//! (before any vCPU runs). The state came from a file, so
+//! [`MmioTransport::check_state`] checks all of it first, and a restore
+//! applies nothing unless it passes. It accepts exactly the states register
+//! writes can produce (the rules in [`super::lifecycle`]): DEVICE_NEEDS_RESET
+//! and FAILED ones too, and queues a driver programmed for a device that
+//! never started, wherever they point. Only a running device's ready queues
+//! must lie inside guest memory. A running state restarts the device with
+//! its queues where they were, as the driver's DRIVER_OK did; any other
+//! leaves it stopped. An interrupt the driver had not acknowledged is
+//! raised again.
+//!
+//! [`VirtioDevice::queue_states`]: crate::virtio::VirtioDevice::queue_states
 
 use migration::devices::{MmioTransportState, QueueState};
 use migration::Snapshottable;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 
-use super::{status, MmioTransport, VIRTIO_F_VERSION_1};
-
-/// Status bits a driver can have set.
-const KNOWN_STATUS: u32 = status::ACKNOWLEDGE
-    | status::DRIVER
-    | status::DRIVER_OK
-    | status::FEATURES_OK
-    | status::DEVICE_NEEDS_RESET
-    | status::FAILED;
+use super::lifecycle;
+use super::{status, MmioTransport, INT_CONFIG};
+use crate::virtio::{INT_USED_RING, VIRTIO_RING_F_EVENT_IDX};
 
 /// Why a saved transport state cannot be applied.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -43,26 +43,75 @@ pub enum TransportStateError {
     Queue { index: usize, err: String },
     #[error("queue {index} is not inside guest memory")]
     QueueOutside { index: usize },
-    #[error("status {0:#x} is not one a driver can reach")]
-    Status(u32),
+    #[error("queue {index} is set up, but the driver never set FEATURES_OK")]
+    QueueBeforeFeatures { index: usize },
+    #[error("queue {index} has ring positions or event index, but the device is not running")]
+    QueueRingStopped { index: usize },
+    #[error("queue {index}: event index {saved}, but the features say {negotiated}")]
+    QueueEventIdx {
+        index: usize,
+        saved: bool,
+        negotiated: bool,
+    },
+    #[error("status {status:#x} is not one a driver can reach: {why}")]
+    Status { status: u32, why: &'static str },
     #[error("the driver accepted features {extra:#x} that this device does not offer")]
     Features { extra: u64 },
+    #[error("FEATURES_OK without VERSION_1 in the accepted features")]
+    NoVersion1,
+    #[error("interrupt status {0:#x} has bits no device raises")]
+    Interrupt(u32),
     #[error("a transport can only be restored before the guest touches it")]
     NotFresh,
     #[error("the device cannot restart: {0}")]
     Activate(String),
 }
 
+/// A state that passed the checks, ready to apply.
+struct Checked {
+    /// The transport's queues: as the driver programmed them.
+    regs: Vec<Queue>,
+    /// The device's queues, with their ring positions, if it runs.
+    live: Option<Vec<Queue>>,
+}
+
+/// A queue of at most `max_size` entries as a fresh or reset transport
+/// holds it (what the driver finds before it programs the queue).
+fn reset_queue(max_size: u16) -> virtio_queue::QueueState {
+    virtio_queue::QueueState {
+        max_size,
+        size: max_size,
+        ..Default::default()
+    }
+}
+
 impl MmioTransport {
-    /// Checks `s` against this device; returns the queues for the registers
-    /// (as the driver programmed them) and for the device (with their ring
-    /// positions).
-    fn check(
-        &self,
-        s: &MmioTransportState,
-    ) -> Result<(Vec<Queue>, Vec<Queue>), TransportStateError> {
-        if self.status != 0 {
-            return Err(TransportStateError::NotFresh);
+    /// Checks `s` completely against this device and its guest memory (the
+    /// memory's layout; its contents do not matter), applying nothing: the
+    /// check [`Snapshottable::restore`] makes first, for a VMM that checks
+    /// every device before it fills guest memory from a snapshot. It does
+    /// not look at this transport's own registers.
+    pub fn check_state(&self, s: &MmioTransportState) -> Result<(), TransportStateError> {
+        self.checked(s).map(drop)
+    }
+
+    fn checked(&self, s: &MmioTransportState) -> Result<Checked, TransportStateError> {
+        if let Some(why) = lifecycle::unreachable(s.status) {
+            return Err(TransportStateError::Status {
+                status: s.status,
+                why,
+            });
+        }
+        let raised = s.interrupt_status & !(INT_USED_RING | INT_CONFIG);
+        if raised != 0 {
+            return Err(TransportStateError::Interrupt(raised));
+        }
+        if s.status & status::FEATURES_OK != 0 && !self.features_acceptable(s.acked_features) {
+            let extra = s.acked_features & !self.offered();
+            return Err(match extra {
+                0 => TransportStateError::NoVersion1,
+                _ => TransportStateError::Features { extra },
+            });
         }
         let device = self.device.queue_max_sizes();
         if s.queues.len() != device.len() {
@@ -71,46 +120,71 @@ impl MmioTransport {
                 device: device.len(),
             });
         }
-        let st = s.status;
-        let driver_ok = st & status::DRIVER_OK != 0;
-        if st & !KNOWN_STATUS != 0 || (driver_ok && st & status::FEATURES_OK == 0) {
-            return Err(TransportStateError::Status(st));
-        }
-        if st & status::FEATURES_OK != 0 {
-            let extra = s.acked_features & !self.offered();
-            if extra != 0 || s.acked_features & VIRTIO_F_VERSION_1 == 0 {
-                return Err(TransportStateError::Features { extra });
-            }
-        }
+        let live = lifecycle::is_live(s.status);
         let mut regs = Vec::with_capacity(device.len());
-        let mut live = Vec::with_capacity(device.len());
+        let mut running = Vec::with_capacity(device.len());
         for (index, (q, &max)) in s.queues.iter().zip(device).enumerate() {
-            if q.max_size != max {
-                return Err(TransportStateError::QueueMax {
-                    index,
-                    saved: q.max_size,
-                    device: max,
-                });
-            }
-            let state = virtio_queue::QueueState::from(q);
-            let build = |state| {
-                Queue::try_from(state).map_err(|e| TransportStateError::Queue {
-                    index,
-                    err: format!("{e:?}"),
-                })
-            };
-            let queue = build(state)?;
-            if driver_ok && queue.ready() && !queue.is_valid(&self.mem) {
+            let (reg, dev) = self.check_queue(s, index, q, max)?;
+            regs.push(reg);
+            running.push(dev);
+        }
+        if live {
+            if let Some(index) = self.invalid_queue(&running) {
                 return Err(TransportStateError::QueueOutside { index });
             }
-            live.push(queue);
-            regs.push(build(virtio_queue::QueueState {
-                next_avail: 0,
-                next_used: 0,
-                ..state
-            })?);
         }
-        Ok((regs, live))
+        Ok(Checked {
+            regs,
+            live: live.then_some(running),
+        })
+    }
+
+    /// Checks saved queue `index` (of at most `max` entries) in state `s`;
+    /// returns it for the transport's registers and for the device.
+    fn check_queue(
+        &self,
+        s: &MmioTransportState,
+        index: usize,
+        q: &QueueState,
+        max: u16,
+    ) -> Result<(Queue, Queue), TransportStateError> {
+        if q.max_size != max {
+            return Err(TransportStateError::QueueMax {
+                index,
+                saved: q.max_size,
+                device: max,
+            });
+        }
+        let state = virtio_queue::QueueState::from(q);
+        if s.status & status::FEATURES_OK == 0 && state != reset_queue(max) {
+            return Err(TransportStateError::QueueBeforeFeatures { index });
+        }
+        let moved = state.next_avail != 0 || state.next_used != 0;
+        if lifecycle::is_live(s.status) {
+            let negotiated = s.acked_features & VIRTIO_RING_F_EVENT_IDX != 0;
+            if state.event_idx_enabled != negotiated {
+                return Err(TransportStateError::QueueEventIdx {
+                    index,
+                    saved: state.event_idx_enabled,
+                    negotiated,
+                });
+            }
+        } else if moved || state.event_idx_enabled {
+            return Err(TransportStateError::QueueRingStopped { index });
+        }
+        let build = |state| {
+            Queue::try_from(state).map_err(|e| TransportStateError::Queue {
+                index,
+                err: format!("{e:?}"),
+            })
+        };
+        let reg = build(virtio_queue::QueueState {
+            next_avail: 0,
+            next_used: 0,
+            event_idx_enabled: false,
+            ..state
+        })?;
+        Ok((reg, build(state)?))
     }
 }
 
@@ -119,7 +193,7 @@ impl Snapshottable for MmioTransport {
     type Error = TransportStateError;
 
     fn save(&self) -> Result<MmioTransportState, TransportStateError> {
-        let live = if self.status & status::DRIVER_OK != 0 {
+        let live = if lifecycle::is_live(self.status) {
             self.device.queue_states()
         } else {
             None
@@ -148,8 +222,18 @@ impl Snapshottable for MmioTransport {
         })
     }
 
+    /// Checks `s` ([`MmioTransport::check_state`]), restarts the device if
+    /// it ran, then applies the registers; on an error nothing is applied
+    /// and the device stays stopped.
     fn restore(&mut self, s: &MmioTransportState) -> Result<(), TransportStateError> {
-        let (regs, live) = self.check(s)?;
+        if self.status != 0 {
+            return Err(TransportStateError::NotFresh);
+        }
+        let Checked { regs, live } = self.checked(s)?;
+        if let Some(queues) = live {
+            self.start(s.acked_features, queues)
+                .map_err(|e| TransportStateError::Activate(e.to_string()))?;
+        }
         self.queues = regs;
         self.device_features_sel = s.device_features_sel;
         self.driver_features_sel = s.driver_features_sel;
@@ -157,110 +241,10 @@ impl Snapshottable for MmioTransport {
         self.queue_sel = s.queue_sel;
         self.config_generation = s.config_generation;
         self.status = s.status;
-        let running =
-            s.status & status::DRIVER_OK != 0 && s.status & status::DEVICE_NEEDS_RESET == 0;
-        if running {
-            if let Err(e) = self
-                .device
-                .activate(s.acked_features, live, self.mem.clone())
-            {
-                self.status = 0;
-                return Err(TransportStateError::Activate(e.to_string()));
-            }
-        }
         self.interrupt.restore(s.interrupt_status);
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::tests::{start_device, transport};
-    use super::*;
-    use crate::virtio::INT_USED_RING;
-
-    fn running() -> (MmioTransport, MmioTransportState) {
-        let (mut t, _, _) = transport();
-        start_device(&mut t);
-        let state = t.save().unwrap();
-        (t, state)
-    }
-
-    #[test]
-    fn a_running_transport_round_trips_with_its_ring_positions() {
-        let (t, mut state) = running();
-        assert_eq!(state.queues.len(), 2);
-        assert_eq!(state.queues[1].desc_table, 0x20000);
-        assert!(state.queues[0].ready);
-        // As if the device had used 3 buffers of queue 0 before the save.
-        state.queues[0].next_avail = 3;
-        state.queues[0].next_used = 3;
-        state.interrupt_status = INT_USED_RING;
-        drop(t);
-
-        let (mut fresh, seen, _) = transport();
-        fresh.restore(&state).unwrap();
-        assert_eq!(
-            seen.lock().unwrap().activated,
-            Some(((1 << 5) | VIRTIO_F_VERSION_1, 2)),
-            "restarted with the saved features"
-        );
-        let live = seen.lock().unwrap().live.clone().unwrap();
-        assert_eq!((live[0].next_avail, live[0].next_used), (3, 3));
-        assert_eq!(fresh.interrupt.status(), INT_USED_RING);
-        // What a second save sees is what was restored.
-        let again = fresh.save().unwrap();
-        assert_eq!(again, state);
-    }
-
-    #[test]
-    fn a_reset_transport_restores_without_starting_the_device() {
-        let (t, _, _) = transport();
-        let state = t.save().unwrap();
-        let (mut fresh, seen, _) = transport();
-        fresh.restore(&state).unwrap();
-        assert!(seen.lock().unwrap().activated.is_none());
-        assert_eq!(fresh.save().unwrap(), state);
-    }
-
-    #[test]
-    fn hostile_states_are_refused_and_nothing_is_applied() {
-        let (_, good) = running();
-        type Spoil = Box<dyn Fn(&mut MmioTransportState)>;
-        let cases: Vec<(&str, Spoil)> = vec![
-            ("queues saved", Box::new(|s| s.queues.truncate(1))),
-            ("entries at most", Box::new(|s| s.queues[0].max_size = 1024)),
-            ("queue 0", Box::new(|s| s.queues[0].size = 3)),
-            ("queue 1", Box::new(|s| s.queues[1].desc_table = 0x20001)),
-            (
-                "not inside guest memory",
-                Box::new(|s| s.queues[0].used_ring = 0x7fff_0000),
-            ),
-            ("status", Box::new(|s| s.status = status::DRIVER_OK)),
-            ("status", Box::new(|s| s.status |= 0x10)),
-            ("does not offer", Box::new(|s| s.acked_features |= 1 << 7)),
-            (
-                "does not offer",
-                Box::new(|s| s.acked_features &= !VIRTIO_F_VERSION_1),
-            ),
-        ];
-        for (want, spoil) in cases {
-            let mut bad = good.clone();
-            spoil(&mut bad);
-            let (mut fresh, seen, _) = transport();
-            let e = fresh.restore(&bad).unwrap_err().to_string();
-            assert!(e.contains(want), "{want}: {e}");
-            assert!(seen.lock().unwrap().activated.is_none(), "{want}");
-            assert_eq!(fresh.status(), 0, "{want}: nothing applied");
-        }
-    }
-
-    #[test]
-    fn only_a_fresh_transport_is_restored() {
-        let (mut t, state) = running();
-        assert_eq!(
-            t.restore(&state).unwrap_err(),
-            TransportStateError::NotFresh
-        );
-    }
-}
+mod tests;
