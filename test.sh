@@ -16,3 +16,13 @@ export TANDEM_TEST_BASE
 trap 'rm -rf "$TANDEM_TEST_BASE"' EXIT
 # Two test threads: one guest per core.
 cargo test --release --workspace -- --test-threads=2 "$@"
+# The whole suite (no test names given) ends with every fuzz target for 20 s
+# on its corpus in fuzz/seeds (fuzz/run.sh; a finding fails the run).
+# cargo-fuzz comes from crates.io, installed once.
+if [ $# -eq 0 ]; then
+    if ! command -v cargo-fuzz >/dev/null 2>&1; then
+        echo "test.sh: installing cargo-fuzz (once)" >&2
+        cargo install --locked --quiet cargo-fuzz
+    fi
+    fuzz/run.sh --seconds 20
+fi

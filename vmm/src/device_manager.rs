@@ -259,6 +259,17 @@ impl VirtioSlot {
         self.restore_transport(t)
     }
 
+    /// Checks a saved transport state against this device without applying
+    /// anything (so a restore can refuse a file before it fills memory).
+    pub fn check_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
+        devices::bus::lock(&self.transport)
+            .check_state(t)
+            .map_err(|source| DeviceError::State {
+                id: self.id().to_string(),
+                source,
+            })
+    }
+
     /// Puts a saved transport state back (see [`Self::restore`]).
     pub fn restore_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
         devices::bus::lock(&self.transport)

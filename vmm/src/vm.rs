@@ -188,6 +188,11 @@ pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
             Some(info.entry)
         }
         Start::Restore(r) => {
+            // Every device state is checked before memory is filled: a
+            // refused file starts nothing.
+            for (slot, state) in devs.virtio.iter().zip(&r.transports) {
+                slot.check_transport(state)?;
+            }
             let stats = r.fill_memory(&mem)?;
             log::info!("restore: {} pages of guest memory", stats.pages);
             r.apply_vm_state(&vm)?;
