@@ -4,30 +4,86 @@
 //! the answers, so the vCPUs do the work in parallel, each on its own
 //! thread, and the whole takes as long as the slowest one.
 //!
+//! A throttled vCPU sleeps at its clean points, which a guest that computes
+//! without exits never reaches: while a throttle is set, the kicker thread
+//! (owned here, ended by [`Vcpus::finish`]) kicks every vCPU every
+//! [`KICK_PERIOD`], so each runs at most its share of a window plus one
+//! period.
+//!
 //! Used from the VMM thread (the control API; later the migration and COLO
 //! threads, through the same lock). Never blocks a vCPU: a vCPU only ever
 //! waits on its own channel; a vCPU that does not answer in time is an
 //! error here, never a hang.
 
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use migration::kvm::KvmVcpuState;
 
-use crate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply};
+use crate::pause::ThreadKick;
+use crate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply, THROTTLE_WINDOW};
 
 /// How long a vCPU may take to stop, resume or hand over its state.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a throttled vCPU is kicked to its clean point.
+pub const KICK_PERIOD: Duration = Duration::from_millis(5);
 
 /// Every vCPU of a VM, in id order.
 pub struct Vcpus {
     handles: Vec<VcpuHandle>,
+    kicker: Option<Kicker>,
+}
+
+/// The thread that kicks throttled vCPUs.
+struct Kicker {
+    percent: Arc<AtomicU8>,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Kicker {
+    fn spawn(kicks: Vec<Arc<ThreadKick>>) -> Result<Kicker, VcpuError> {
+        let percent = Arc::new(AtomicU8::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (percent.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("vcpu-kicker".into())
+            .spawn(move || {
+                while !s.load(Ordering::SeqCst) {
+                    if p.load(Ordering::SeqCst) == 0 {
+                        std::thread::park_timeout(THROTTLE_WINDOW);
+                        continue;
+                    }
+                    for k in &kicks {
+                        k.kick();
+                    }
+                    std::thread::sleep(KICK_PERIOD);
+                }
+            })
+            .map_err(VcpuError::Spawn)?;
+        Ok(Kicker {
+            percent,
+            stop,
+            thread,
+        })
+    }
+
+    fn end(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.thread().unpark();
+        let _ = self.thread.join();
+    }
 }
 
 impl Vcpus {
     /// The vCPUs of `handles` (threads started paused).
     pub fn new(handles: Vec<VcpuHandle>) -> Self {
-        Vcpus { handles }
+        Vcpus {
+            handles,
+            kicker: None,
+        }
     }
 
     /// How many vCPUs there are.
@@ -131,15 +187,27 @@ impl Vcpus {
     }
 
     /// Makes every vCPU sleep `percent` of each throttle window (0: off).
-    pub fn throttle(&self, percent: u8) -> Result<(), VcpuError> {
+    pub fn throttle(&mut self, percent: u8) -> Result<(), VcpuError> {
         for h in &self.handles {
             h.send(VcpuEvent::Throttle(percent))?;
+        }
+        if self.kicker.is_none() && percent > 0 {
+            let kicks = self.handles.iter().map(VcpuHandle::kick).collect();
+            self.kicker = Some(Kicker::spawn(kicks)?);
+        }
+        if let Some(k) = &self.kicker {
+            k.percent.store(percent, Ordering::SeqCst);
+            k.thread.thread().unpark();
         }
         Ok(())
     }
 
-    /// Ends every vCPU thread and joins it, each waiting at most `timeout`.
+    /// Ends the kicker and every vCPU thread, and joins them, each vCPU
+    /// waiting at most `timeout`.
     pub fn finish(&mut self, timeout: Duration) {
+        if let Some(k) = self.kicker.take() {
+            k.end();
+        }
         for h in self.handles.drain(..) {
             h.finish(timeout);
         }
