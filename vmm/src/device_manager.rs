@@ -198,14 +198,18 @@ impl VirtioSlot {
         self.config.id()
     }
 
+    fn state_err(&self, source: TransportStateError) -> DeviceError {
+        DeviceError::State {
+            id: self.id().to_string(),
+            source,
+        }
+    }
+
     /// The device's state (the VM must be paused).
     pub fn save(&self) -> Result<DeviceState, DeviceError> {
         let transport = devices::bus::lock(&self.transport)
             .save()
-            .map_err(|source| DeviceError::State {
-                id: self.id().to_string(),
-                source,
-            })?;
+            .map_err(|source| self.state_err(source))?;
         let acked_features = transport.acked_features;
         Ok(match &self.config {
             DeviceConfig::Net { tap, mac, .. } => DeviceState::VirtioNet {
@@ -238,46 +242,20 @@ impl VirtioSlot {
         })
     }
 
-    /// The transport state in `state`, if it is this kind of device.
-    pub fn transport_state<'a>(
-        &self,
-        state: &'a DeviceState,
-    ) -> Result<&'a MmioTransportState, DeviceError> {
-        match (&self.config, state) {
-            (DeviceConfig::Net { .. }, DeviceState::VirtioNet { transport, .. })
-            | (DeviceConfig::Blk { .. }, DeviceState::VirtioBlk { transport, .. }) => Ok(transport),
-            _ => Err(DeviceError::StateKind {
-                id: self.id().to_string(),
-            }),
-        }
-    }
-
-    /// Puts a saved state back (the VM paused; a live device is reset and
-    /// restarted on the saved queues).
-    pub fn restore(&self, state: &DeviceState) -> Result<(), DeviceError> {
-        let t = self.transport_state(state)?;
-        self.restore_transport(t)
-    }
-
     /// Checks a saved transport state against this device without applying
     /// anything (so a restore can refuse a file before it fills memory).
     pub fn check_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
         devices::bus::lock(&self.transport)
             .check_state(t)
-            .map_err(|source| DeviceError::State {
-                id: self.id().to_string(),
-                source,
-            })
+            .map_err(|source| self.state_err(source))
     }
 
-    /// Puts a saved transport state back (see [`Self::restore`]).
+    /// Puts a saved transport state back (the VM paused; a live device is
+    /// reset and restarted on the saved queues).
     pub fn restore_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
         devices::bus::lock(&self.transport)
             .restore(t)
-            .map_err(|source| DeviceError::State {
-                id: self.id().to_string(),
-                source,
-            })
+            .map_err(|source| self.state_err(source))
     }
 }
 

@@ -134,7 +134,7 @@ impl Vcpus {
         let r = self.round(
             "stop",
             |_| VcpuEvent::Pause,
-            |h, r| expect(h, r, |r| matches!(r, VcpuReply::Paused)),
+            |h, r| want_reply(h, r, |r| matches!(r, VcpuReply::Paused)),
         );
         if r.is_err() {
             let _ = self.resume();
@@ -147,7 +147,7 @@ impl Vcpus {
         self.round(
             "resume",
             |_| VcpuEvent::Resume,
-            |h, r| expect(h, r, |r| matches!(r, VcpuReply::Resumed)),
+            |h, r| want_reply(h, r, |r| matches!(r, VcpuReply::Resumed)),
         )
         .map(|_| ())
     }
@@ -214,7 +214,7 @@ impl Vcpus {
     }
 }
 
-fn expect(
+fn want_reply(
     h: &VcpuHandle,
     r: VcpuReply,
     want: impl Fn(&VcpuReply) -> bool,
