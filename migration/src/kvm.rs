@@ -466,6 +466,21 @@ pub struct KvmVcpuState {
     pub debugregs: kvm_debugregs,
 }
 
+// By hand: `kvm_xsave` ends in a flexible array (empty here: the legacy
+// 4 KiB area is all KVM_GET_XSAVE fills), so it derives no `Clone`.
+impl Clone for KvmVcpuState {
+    fn clone(&self) -> Self {
+        KvmVcpuState {
+            xsave: kvm_xsave {
+                region: self.xsave.region,
+                ..Default::default()
+            },
+            msrs: self.msrs.clone(),
+            ..*self
+        }
+    }
+}
+
 impl VcpuState {
     /// Converts what the vmm read from KVM for vCPU `id`.
     pub fn from_kvm(id: u32, k: &KvmVcpuState) -> Self {
@@ -627,6 +642,7 @@ impl From<&ClockState> for kvm_clock_data {
 
 /// The VM-wide state as the `KVM_GET_*` ioctls return it.
 #[allow(missing_docs)]
+#[derive(Clone)]
 pub struct KvmVmState {
     pub pic_master: kvm_irqchip,
     pub pic_slave: kvm_irqchip,

@@ -1,8 +1,8 @@
 //! The guest memory image: runs of non-zero 4 KiB pages in a memory section.
 //!
 //! This module owns the encoding of guest RAM inside a snapshot. The writer scans the
-//! guest's regions (plain byte slices: the vmm passes its mmap'd guest memory, paused),
-//! skips zero pages, and streams the rest; the reader checks every run against the
+//! guest's regions (a [`PageSource`]: the vmm copies out of its guest memory through
+//! vm-memory's accessors, paused), skips zero pages, and streams the rest; the reader checks every run against the
 //! restoring VM's memory layout before a single byte is handed to the caller's sink, which
 //! writes it into guest memory. Pages absent from the image are zero: restore into fresh
 //! (zero-filled) guest memory. This module never touches guest memory itself.
@@ -166,34 +166,76 @@ fn sorted_regions<T: Copy>(
     Ok(regions)
 }
 
+/// Guest memory as the image writer reads it: copied out a chunk at a time through the
+/// owner's accessors (the vmm: vm-memory's volatile copies), never borrowed as plain slices
+/// of memory that a guest or a device may write.
+pub trait PageSource {
+    /// The regions, as `(guest physical address, length in bytes)`.
+    fn regions(&self) -> Vec<(u64, u64)>;
+    /// Copies the guest bytes at `gpa` into `buf` (within one region).
+    fn read_at(&self, gpa: u64, buf: &mut [u8]) -> io::Result<()>;
+}
+
+/// Plain byte slices as `(guest physical address, bytes)` (tests and tools).
+impl PageSource for [(u64, &[u8])] {
+    fn regions(&self) -> Vec<(u64, u64)> {
+        self.iter().map(|(gpa, b)| (*gpa, b.len() as u64)).collect()
+    }
+
+    fn read_at(&self, gpa: u64, buf: &mut [u8]) -> io::Result<()> {
+        let bytes = self.iter().find_map(|&(start, bytes)| {
+            let off = usize::try_from(gpa.checked_sub(start)?).ok()?;
+            bytes.get(off..off.checked_add(buf.len())?)
+        });
+        let bytes =
+            bytes.ok_or_else(|| io::Error::other(format!("{gpa:#x} is outside the regions")))?;
+        buf.copy_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// Pages copied out of guest memory at once (a buffer that stays in the cache).
+const CHUNK_PAGES: u64 = 16;
+
 /// Finds the runs of non-zero pages in the regions (sorted and checked).
 pub fn scan_runs(regions: &[(u64, &[u8])]) -> Vec<Run> {
+    let layout: Vec<(u64, u64)> = regions.regions();
+    scan_source(regions, &layout).unwrap_or_default()
+}
+
+/// Finds the runs of non-zero pages of `src` in `layout` (its regions, sorted and checked).
+fn scan_source<S: PageSource + ?Sized>(src: &S, layout: &[(u64, u64)]) -> io::Result<Vec<Run>> {
     let mut runs: Vec<Run> = Vec::new();
-    for &(gpa, bytes) in regions {
+    let mut buf = vec![0u8; (CHUNK_PAGES * PAGE_SIZE) as usize];
+    for &(gpa, len) in layout {
         let mut current: Option<Run> = None;
-        for (i, page) in bytes.chunks_exact(PAGE).enumerate() {
-            if is_zero(page) {
-                if let Some(run) = current.take() {
-                    runs.push(run);
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(CHUNK_PAGES * PAGE_SIZE);
+            let chunk = &mut buf[..n as usize];
+            src.read_at(gpa + off, chunk)?;
+            for (i, page) in chunk.chunks_exact(PAGE).enumerate() {
+                let page_gpa = gpa + off + i as u64 * PAGE_SIZE;
+                if is_zero(page) {
+                    runs.extend(current.take());
+                    continue;
                 }
-                continue;
-            }
-            match current.as_mut() {
-                Some(run) if run.pages < u32::MAX => run.pages += 1,
-                _ => {
-                    if let Some(run) = current.take() {
-                        runs.push(run);
+                match current.as_mut() {
+                    Some(run) if run.pages < u32::MAX => run.pages += 1,
+                    _ => {
+                        runs.extend(current.take());
+                        current = Some(Run {
+                            gpa: page_gpa,
+                            pages: 1,
+                        });
                     }
-                    current = Some(Run {
-                        gpa: gpa + i as u64 * PAGE_SIZE,
-                        pages: 1,
-                    });
                 }
             }
+            off += n;
         }
         runs.extend(current);
     }
-    runs
+    Ok(runs)
 }
 
 /// The body length of an image holding `runs`.
@@ -205,7 +247,7 @@ fn body_len(runs: &[Run]) -> u64 {
 /// Writes guest memory as memory section `name`, skipping zero pages.
 ///
 /// `regions` are `(guest physical address, bytes)`, page-aligned and disjoint, in any
-/// order. The guest must be paused: the pages are read twice (scan, then copy).
+/// order. See [`write_memory_from`].
 pub fn write_memory<'a, W, I>(
     writer: &mut SnapshotWriter<W>,
     name: &str,
@@ -215,8 +257,24 @@ where
     W: Write,
     I: IntoIterator<Item = (u64, &'a [u8])>,
 {
-    let regions = sorted_regions(regions.into_iter().collect(), |b: &[u8]| b.len() as u64)?;
-    let runs = scan_runs(&regions);
+    let regions: Vec<(u64, &[u8])> = regions.into_iter().collect();
+    write_memory_from(writer, name, regions.as_slice())
+}
+
+/// Writes the memory of `src` as memory section `name`, skipping zero pages. Its regions
+/// must be page-aligned and disjoint, in any order. The guest must be paused: the pages
+/// are read twice (scan, then copy).
+pub fn write_memory_from<W, S>(
+    writer: &mut SnapshotWriter<W>,
+    name: &str,
+    src: &S,
+) -> Result<ImageStats>
+where
+    W: Write,
+    S: PageSource + ?Sized,
+{
+    let layout = sorted_regions(src.regions(), |len: u64| len)?;
+    let runs = scan_source(src, &layout)?;
     let run_count = u32::try_from(runs.len())
         .map_err(|_| MemoryError::Malformed(format!("{} runs do not fit a u32", runs.len())))?;
     let len = body_len(&runs);
@@ -229,11 +287,16 @@ where
             table.extend_from_slice(&run.pages.to_le_bytes());
         }
         w.write_all(&table)?;
+        let mut buf = vec![0u8; (CHUNK_PAGES * PAGE_SIZE) as usize];
         for run in &runs {
-            let bytes = run_bytes(&regions, *run).ok_or_else(|| {
-                io::Error::other(format!("run at {:#x} left its region", run.gpa))
-            })?;
-            w.write_all(bytes)?;
+            let (mut gpa, end) = (run.gpa, run.end());
+            while gpa < end {
+                let n = (end - gpa).min(CHUNK_PAGES * PAGE_SIZE);
+                let chunk = &mut buf[..n as usize];
+                src.read_at(gpa, chunk)?;
+                w.write_all(chunk)?;
+                gpa += n;
+            }
         }
         Ok(())
     })?;
@@ -242,16 +305,6 @@ where
         pages: runs.iter().map(|r| u64::from(r.pages)).sum(),
         body_len: len,
     })
-}
-
-/// The bytes of a run found by [`scan_runs`] in the same regions.
-fn run_bytes<'a>(regions: &[(u64, &'a [u8])], run: Run) -> Option<&'a [u8]> {
-    let &(gpa, bytes) = regions
-        .iter()
-        .find(|(gpa, bytes)| run.gpa >= *gpa && run.gpa < gpa + bytes.len() as u64)?;
-    let start = usize::try_from(run.gpa - gpa).ok()?;
-    let len = usize::try_from(u64::from(run.pages) * PAGE_SIZE).ok()?;
-    bytes.get(start..start.checked_add(len)?)
 }
 
 fn describe(layout: &[(u64, u64)]) -> String {

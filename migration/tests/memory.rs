@@ -81,6 +81,35 @@ fn zero_detection_sees_every_byte() {
 }
 
 #[test]
+fn a_run_across_copy_chunks_stays_one_run() {
+    // The writer copies memory out 16 pages at a time: a run over the
+    // boundary of two copies is one run, and its bytes come back whole.
+    let mut mem = vec![0u8; 40 * PAGE];
+    for p in 14..19 {
+        mem[p * PAGE + 7] = p as u8;
+    }
+    mem[39 * PAGE] = 1;
+    let runs = scan_runs(&[(0, &mem)]);
+    assert_eq!(
+        runs,
+        [
+            Run {
+                gpa: 14 * PAGE as u64,
+                pages: 5
+            },
+            Run {
+                gpa: 39 * PAGE as u64,
+                pages: 1
+            }
+        ]
+    );
+    let (file, stats) = save(&[(0, &mem)]);
+    assert_eq!(stats.pages, 6);
+    let back = restore(&file, &[(0, 40 * PAGE_SIZE)]).unwrap();
+    assert!(back[0] == mem);
+}
+
+#[test]
 fn runs_split_at_zero_pages() {
     let mut mem = vec![0u8; 8 * PAGE];
     for p in [1, 2, 3, 6] {

@@ -37,7 +37,7 @@ use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::{IoEventAddress, VmFd};
 use migration::devices::{BlkState, DeviceState, MmioTransportState, NetState};
 use migration::manifest::MmioSlot;
-use migration::{DeviceConfig, Snapshottable};
+use migration::{DeviceConfig, Manifest, Snapshottable};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::layout;
@@ -152,6 +152,21 @@ pub fn virtio_configs(
         });
     }
     Ok(out)
+}
+
+/// The manifest of a VM: the serial console, then `virtio` (see
+/// [`virtio_configs`]).
+pub fn manifest(mem_bytes: u64, cpus: u32, virtio: Vec<DeviceConfig>) -> Manifest {
+    let mut devices = vec![DeviceConfig::Serial {
+        id: SERIAL_ID.to_string(),
+    }];
+    devices.extend(virtio);
+    Manifest {
+        tandem_version: env!("CARGO_PKG_VERSION").to_string(),
+        mem_bytes,
+        vcpus: cpus,
+        devices,
+    }
 }
 
 /// What a virtio device's handler and transport are given by the wiring.
@@ -272,12 +287,12 @@ pub struct DeviceManager {
     vm: Arc<VmFd>,
 }
 
-/// The VM's devices once built: the buses the vCPU threads share, the
-/// event loop the device thread runs, and the devices themselves.
+/// The VM's devices once built: the buses the vCPU threads share, guest
+/// memory as the devices see it, and the devices themselves.
 pub struct Devices {
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
-    pub subscribers: Subscribers,
+    pub mem: GuestMemoryMmap,
     pub virtio: Arc<[VirtioSlot]>,
     pub serial: SerialPort,
     serial_irq: EventFd,
@@ -334,17 +349,19 @@ impl DeviceManager {
         })
     }
 
-    /// Hands out the built devices.
-    pub fn finish(self) -> Devices {
-        Devices {
+    /// Hands out the built devices, and the event loop of their handlers
+    /// (for the device thread).
+    pub fn finish(self) -> (Devices, Subscribers) {
+        let devices = Devices {
             pio: Arc::new(self.pio),
             mmio: Arc::new(self.mmio),
-            subscribers: self.subscribers,
+            mem: self.mem,
             virtio: self.virtio.into(),
             serial: self.serial,
             serial_irq: self.serial_irq,
             exit: self.exit,
-        }
+        };
+        (devices, self.subscribers)
     }
 
     /// The `virtio_mmio.device=` parameters that announce the virtio

@@ -1,21 +1,29 @@
 //! tandem: a KVM virtual machine monitor.
 //!
-//! `vm` builds and runs a VM from a `config::VmConfig`: guest RAM and its
-//! dirty log (`memory`), the devices (`device_manager`), the vCPU threads
-//! (`vcpu`, driven as a group by `vcpus`); `boot` loads Linux; `console`
-//! connects the serial port to the user's terminal; `api` serves the
-//! control socket and `control` maps its verbs onto the VM; `snapshot` and
-//! `vcpu_state` save and restore; `host`, `cpuid` and `emulation` hold what
-//! this host's KVM needs (see each module); `profile` samples where the
-//! guest spends its time; `kvm_util` is the one KVM error.
+//! `builder` makes a `vm::Vm` from a `config::VmConfig` (booted, restored
+//! or incoming); `vm_loop` runs it on the VMM thread to its end; other
+//! threads drive it through a `vm::VmHandle` (pause, resume, capture and
+//! apply its `vm_state::VmState`, memory and dirty log, throttle). Its
+//! parts: guest RAM and its dirty log (`memory`), the devices
+//! (`device_manager`) and the thread of their event loop (`device_thread`),
+//! the vCPU threads (`vcpu`, driven as a group by `vcpus`); `boot` loads
+//! Linux; `console` connects the serial port to the user's terminal; `api`
+//! serves the control socket and `control` maps its verbs onto the
+//! `VmHandle`; `snapshot` writes and reads a `VmState` and memory as a
+//! file, `vcpu_state` reads and writes a vCPU's; `host`, `cpuid` and
+//! `emulation` hold what this host's KVM needs (see each module);
+//! `profile` samples where the guest spends its time; `kvm_util` is the
+//! one KVM error.
 
 pub mod api;
 pub mod boot;
+pub mod builder;
 pub mod config;
 pub mod console;
 pub mod control;
 pub mod cpuid;
 pub mod device_manager;
+pub mod device_thread;
 pub mod emulation;
 pub mod exit;
 pub mod exit_counts;
@@ -29,3 +37,5 @@ pub mod vcpu;
 pub mod vcpu_state;
 pub mod vcpus;
 pub mod vm;
+pub mod vm_loop;
+pub mod vm_state;

@@ -367,7 +367,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
-    let cpus = match u8::try_from(snap.manifest.vcpus) {
+    let cpus = match u8::try_from(snap.state.manifest.vcpus) {
         Ok(c) => c,
         Err(_) => return fail(format!("{}: bad vCPU count", path.display())),
     };
@@ -375,7 +375,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         kernel: PathBuf::new(),
         initrd: None,
         cmdline: String::new(),
-        mem_bytes: snap.manifest.mem_bytes,
+        mem_bytes: snap.state.manifest.mem_bytes,
         cpus,
         nets: args.nets,
         disks,
@@ -383,7 +383,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         api_sock: args.api_sock,
         profile,
     };
-    finish(vmm::vm::run_from(&cfg, Start::Restore(Box::new(snap))))
+    finish(vmm::builder::build(&cfg, Start::Restore(Box::new(snap))).and_then(|vm| vm.run()))
 }
 
 fn finish(result: Result<VmExit, vmm::vm::VmError>) -> ExitCode {

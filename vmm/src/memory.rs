@@ -28,7 +28,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 use std::sync::Arc;
-use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iowr_nr;
 
@@ -371,6 +371,26 @@ pub fn clear_range(s: &Slot, first: u64, count: u64) -> Result<(u64, u64), Memor
     let start = first / 64 * 64;
     let stop = end.div_ceil(64).saturating_mul(64).min(pages);
     Ok((start, stop - start))
+}
+
+/// Guest memory as a snapshot or migration reads it: copied out through
+/// vm-memory's accessors (volatile copies), never as `&[u8]` over memory
+/// a guest may be running on.
+pub struct GuestPages<'a>(pub &'a GuestMemoryMmap);
+
+impl migration::memory::PageSource for GuestPages<'_> {
+    fn regions(&self) -> Vec<(u64, u64)> {
+        self.0
+            .iter()
+            .map(|r| (r.start_addr().raw_value(), r.len()))
+            .collect()
+    }
+
+    fn read_at(&self, gpa: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0
+            .read_slice(buf, GuestAddress(gpa))
+            .map_err(std::io::Error::other)
+    }
 }
 
 #[cfg(test)]

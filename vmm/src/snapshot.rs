@@ -1,8 +1,9 @@
-//! Snapshot files of a whole VM: what is saved and in which order, and
-//! every check a restore makes before it creates anything.
+//! Snapshot files of a whole VM: a [`VmState`] and guest memory to and
+//! from a file, in which order, and every check a restore makes on the
+//! file before a VM exists. Runs on the VMM thread; never touches KVM.
 //!
-//! Save (VMM thread, VM paused; vCPU states come from the parked vCPU
-//! threads, see `vcpu.rs`): manifest, `vm` (PIC master/slave, IOAPIC,
+//! Save (the VM paused; the state captured by `VmHandle::capture_state`):
+//! manifest, `vm` (PIC master/slave, IOAPIC,
 //! PIT2, the guest clock as it was at the pause), `vcpu.N`, `dev.com1`
 //! (the serial UART), `dev.netN` and `dev.blkN` (each virtio-mmio
 //! transport with its queues where the device had got to, and the device's
@@ -15,8 +16,8 @@
 //! kind, order, MAC, rsc, read-only flag, disk size and id; the tap and
 //! the disk path may change), converts every state section and validates
 //! the memory image against the VM's layout, all before a VM exists;
-//! `vm.rs` then builds the VM from the [`Restore`] it returns and puts each
-//! transport back before any vCPU runs.
+//! `builder.rs` then builds the VM paused, fills its memory from the
+//! [`Restore`] it returns and applies the state before any vCPU runs.
 //!
 //! Not in the file: the contents of disks (the restore must be given the
 //! image as it was at the snapshot, as with any VMM), and frames the VMM
@@ -28,25 +29,22 @@ use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 
 use devices::GuestMemoryMmap;
-use kvm_bindings::{
-    kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
-};
-use kvm_ioctls::VmFd;
 use migration::devices::{DeviceState, MmioTransportState, SerialState};
 use migration::kvm::{KvmStateError, KvmVcpuState, KvmVmState};
 use migration::memory::ImageStats;
 use migration::vcpu::VcpuState;
-use migration::vm::VmState;
+use migration::vm::VmState as VmWideState;
 use migration::{
     check_compatible, section, CompatError, DeviceConfig, FormatError, Manifest, MemoryError,
     SnapshotReader, SnapshotWriter,
 };
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, NetSpec};
-use crate::device_manager::{self, SERIAL_ID};
-use crate::kvm_util::{kvm_op, KvmOp};
+use crate::device_manager::{self, manifest, SERIAL_ID};
+use crate::memory::GuestPages;
+use crate::vm_state::VmState;
 
 /// The UART's receive FIFO (vm-superio refuses a longer saved buffer).
 const UART_FIFO: usize = 64;
@@ -72,54 +70,8 @@ pub enum SnapshotError {
     Mismatch { path: String, err: CompatError },
     #[error("cannot write snapshot {path}: {err}")]
     Write { path: String, err: String },
-    #[error(transparent)]
-    Kvm(#[from] KvmOp),
     #[error("{0}")]
     Request(String),
-}
-
-/// The manifest of a VM: the serial console, then `virtio` (see
-/// `device_manager::virtio_configs`).
-pub fn manifest(mem_bytes: u64, cpus: u32, virtio: Vec<DeviceConfig>) -> Manifest {
-    let mut devices = vec![DeviceConfig::Serial {
-        id: SERIAL_ID.to_string(),
-    }];
-    devices.extend(virtio);
-    Manifest {
-        tandem_version: env!("CARGO_PKG_VERSION").to_string(),
-        mem_bytes,
-        vcpus: cpus,
-        devices,
-    }
-}
-
-/// Reads the VM-wide state; `clock` is the guest clock to record.
-pub fn read_vm_state(vm: &VmFd, clock: kvm_clock_data) -> Result<KvmVmState, SnapshotError> {
-    let chip = |id: u32| -> Result<kvm_irqchip, SnapshotError> {
-        let mut c = kvm_irqchip {
-            chip_id: id,
-            ..Default::default()
-        };
-        vm.get_irqchip(&mut c).map_err(kvm_op("read an irqchip"))?;
-        Ok(c)
-    };
-    Ok(KvmVmState {
-        pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
-        pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
-        ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
-        pit: vm.get_pit2().map_err(kvm_op("read the PIT"))?,
-        clock,
-    })
-}
-
-/// Everything a save writes besides guest memory.
-pub struct SaveState {
-    pub manifest: Manifest,
-    pub vm: KvmVmState,
-    pub vcpus: Vec<KvmVcpuState>,
-    pub serial: vm_superio::serial::SerialState,
-    /// The virtio devices' states, by id, in manifest order.
-    pub devices: Vec<(String, DeviceState)>,
 }
 
 /// What a save wrote.
@@ -138,31 +90,10 @@ fn tmp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// The guest's RAM regions as `(gpa, bytes)`.
-///
-/// # Safety
-/// No one may write guest memory while the slices live: every vCPU and the
-/// device thread must be parked.
-unsafe fn guest_regions(mem: &GuestMemoryMmap) -> Result<Vec<(u64, &[u8])>, String> {
-    let mut out = Vec::new();
-    for region in mem.iter() {
-        let host = mem
-            .get_host_address(region.start_addr())
-            .map_err(|e| e.to_string())?;
-        let len = usize::try_from(region.len()).map_err(|e| e.to_string())?;
-        // SAFETY: `host` .. `host + len` is the region's live mapping, owned
-        // by `mem`, which the returned slices borrow; the caller guarantees
-        // nothing writes it meanwhile.
-        let bytes = unsafe { std::slice::from_raw_parts(host as *const u8, len) };
-        out.push((region.start_addr().raw_value(), bytes));
-    }
-    Ok(out)
-}
-
 /// Writes a snapshot of a paused VM to `path` (via `path.tmp`, fsync, rename).
 pub fn save(
     path: &Path,
-    state: &SaveState,
+    state: &VmState,
     mem: &GuestMemoryMmap,
 ) -> Result<SaveReport, SnapshotError> {
     let shown = path.display().to_string();
@@ -177,7 +108,7 @@ pub fn save(
             .map_err(|e| e.to_string())?;
         w.write_state(section::MANIFEST, &state.manifest)
             .map_err(|e| e.to_string())?;
-        w.write_state(section::VM, &VmState::from_kvm(&state.vm))
+        w.write_state(section::VM, &VmWideState::from_kvm(&state.vm))
             .map_err(|e| e.to_string())?;
         for (i, v) in state.vcpus.iter().enumerate() {
             let id = i as u32;
@@ -191,10 +122,8 @@ pub fn save(
             w.write_state(&section::device(id), dev)
                 .map_err(|e| e.to_string())?;
         }
-        // SAFETY: the caller has paused the VM (vCPUs and device thread).
-        let regions = unsafe { guest_regions(mem) }?;
-        let stats =
-            migration::write_memory(&mut w, section::MEMORY, regions).map_err(|e| e.to_string())?;
+        let stats = migration::memory::write_memory_from(&mut w, section::MEMORY, &GuestPages(mem))
+            .map_err(|e| e.to_string())?;
         let out = w.finish().map_err(|e| e.to_string())?;
         let file = out.into_inner().map_err(|e| e.error().to_string())?;
         file.sync_all().map_err(|e| e.to_string())?;
@@ -225,12 +154,8 @@ pub fn save(
 
 /// A verified snapshot, converted and ready to apply to a new VM.
 pub struct Restore {
-    pub manifest: Manifest,
-    pub vm: KvmVmState,
-    pub vcpus: Vec<KvmVcpuState>,
-    pub serial: vm_superio::serial::SerialState,
-    /// Each virtio device's transport, in manifest (bus) order.
-    pub transports: Vec<MmioTransportState>,
+    /// Everything but memory.
+    pub state: VmState,
     reader: SnapshotReader<File>,
     path: String,
 }
@@ -246,22 +171,8 @@ pub fn load(
     nets: &[NetSpec],
     disks: &mut [DiskSpec],
 ) -> Result<Restore, SnapshotError> {
-    let shown = path.display().to_string();
-    let file = File::open(path).map_err(|err| SnapshotError::Open {
-        path: shown.clone(),
-        err,
-    })?;
-    let format = |err: FormatError| SnapshotError::Format {
-        path: shown.clone(),
-        err,
-    };
-    let invalid = |msg: String| SnapshotError::Invalid {
-        path: shown.clone(),
-        msg,
-    };
-    let invalid_request = |msg: String| SnapshotError::Request(msg);
-    let mut reader = SnapshotReader::open(file).map_err(format)?;
-    let saved: Manifest = reader.read_state(section::MANIFEST).map_err(format)?;
+    let mut l = Loader::open(path)?;
+    let saved: Manifest = l.state(section::MANIFEST)?;
     for (j, d) in disks.iter_mut().enumerate() {
         let want = format!("blk{j}");
         if d.id.is_none() {
@@ -271,107 +182,183 @@ pub fn load(
             });
         }
     }
-    let virtio =
-        device_manager::virtio_configs(nets, disks).map_err(|e| invalid_request(e.to_string()))?;
+    let virtio = device_manager::virtio_configs(nets, disks)
+        .map_err(|e| SnapshotError::Request(e.to_string()))?;
     let requested = manifest(
         mem.unwrap_or(saved.mem_bytes),
         cpus.map_or(saved.vcpus, u32::from),
         virtio,
     );
-    let notes = check_compatible(&saved, &requested).map_err(|err| SnapshotError::Mismatch {
-        path: shown.clone(),
-        err,
-    })?;
-    for n in notes {
-        log::info!("restore: {n}");
-    }
-    // The manifest came from a file: the VM it describes must be one that
-    // `tandem run` could have started.
-    let max = u32::from(config::max_cpus());
-    if saved.vcpus == 0 || saved.vcpus > max {
-        return Err(invalid(format!(
-            "{} vCPUs (this host allows 1 to {max})",
-            saved.vcpus
-        )));
-    }
-    config::check_mem_fits(saved.mem_bytes, &format!("{}M", saved.mem_bytes >> 20))
-        .map_err(|e| invalid(e.to_string()))?;
-    if saved.mem_bytes < 16 << 20 || !saved.mem_bytes.is_multiple_of(migration::memory::PAGE_SIZE) {
-        return Err(invalid(format!("memory size {} bytes", saved.mem_bytes)));
+    l.finish(saved, &requested)
+}
+
+/// Opens and verifies `path` completely as a state for the VM that
+/// `current` describes (a running VM going back to a snapshot of itself).
+pub fn load_for(path: &Path, current: &Manifest) -> Result<Restore, SnapshotError> {
+    let mut l = Loader::open(path)?;
+    let saved: Manifest = l.state(section::MANIFEST)?;
+    l.finish(saved, current)
+}
+
+/// A verified snapshot file, read section by section by [`load`].
+struct Loader {
+    reader: SnapshotReader<File>,
+    shown: String,
+}
+
+impl Loader {
+    /// Opens `path` and verifies the whole file (CRC, structure).
+    fn open(path: &Path) -> Result<Loader, SnapshotError> {
+        let shown = path.display().to_string();
+        let file = File::open(path).map_err(|err| SnapshotError::Open {
+            path: shown.clone(),
+            err,
+        })?;
+        let reader = SnapshotReader::open(file).map_err(|err| SnapshotError::Format {
+            path: shown.clone(),
+            err,
+        })?;
+        Ok(Loader { reader, shown })
     }
 
-    let state_err = |section: String| {
-        let shown = shown.clone();
-        move |err: KvmStateError| SnapshotError::State {
-            path: shown,
-            section,
+    /// Checks `saved` against `requested`, then reads and converts every
+    /// state section and validates the memory image.
+    fn finish(mut self, saved: Manifest, requested: &Manifest) -> Result<Restore, SnapshotError> {
+        self.check_manifest(&saved, requested)?;
+        let (vm, vcpus) = self.kvm_state(saved.vcpus)?;
+        let serial = self.serial()?;
+        let devices = self.devices(&saved)?;
+        let Loader { mut reader, shown } = self;
+        migration::validate_memory(
+            &mut reader,
+            section::MEMORY,
+            &layout::ram_ranges(saved.mem_bytes),
+        )
+        .map_err(|err| SnapshotError::Memory {
+            path: shown.clone(),
             err,
-        }
-    };
-    let vm_state: VmState = reader.read_state(section::VM).map_err(format)?;
-    let vm = vm_state.to_kvm().map_err(state_err(section::VM.into()))?;
-    let mut vcpus = Vec::with_capacity(saved.vcpus as usize);
-    for id in 0..saved.vcpus {
-        let name = section::vcpu(id);
-        let v: VcpuState = reader.read_state(&name).map_err(format)?;
-        if v.id != id {
-            return Err(invalid(format!("section {name} holds vCPU {}", v.id)));
-        }
-        vcpus.push(v.to_kvm().map_err(state_err(name))?);
+        })?;
+        Ok(Restore {
+            state: VmState {
+                manifest: saved,
+                vm,
+                vcpus,
+                serial,
+                devices,
+            },
+            reader,
+            path: shown,
+        })
     }
-    let dev = section::device(SERIAL_ID);
-    let serial = match reader.read_state::<DeviceState>(&dev).map_err(format)? {
-        DeviceState::Serial(s) if s.in_buffer.len() <= UART_FIFO => {
-            vm_superio::serial::SerialState::from(&s)
+
+    fn invalid(&self, msg: String) -> SnapshotError {
+        SnapshotError::Invalid {
+            path: self.shown.clone(),
+            msg,
         }
-        DeviceState::Serial(s) => {
-            return Err(invalid(format!(
+    }
+
+    fn state<T: serde::de::DeserializeOwned>(&mut self, name: &str) -> Result<T, SnapshotError> {
+        self.reader
+            .read_state(name)
+            .map_err(|err| SnapshotError::Format {
+                path: self.shown.clone(),
+                err,
+            })
+    }
+
+    /// The saved manifest, checked against what is asked for and against
+    /// what `tandem run` could have started (it came from a file).
+    fn check_manifest(&self, saved: &Manifest, requested: &Manifest) -> Result<(), SnapshotError> {
+        let notes = check_compatible(saved, requested).map_err(|err| SnapshotError::Mismatch {
+            path: self.shown.clone(),
+            err,
+        })?;
+        for n in notes {
+            log::info!("restore: {n}");
+        }
+        let max = u32::from(config::max_cpus());
+        if saved.vcpus == 0 || saved.vcpus > max {
+            return Err(self.invalid(format!(
+                "{} vCPUs (this host allows 1 to {max})",
+                saved.vcpus
+            )));
+        }
+        config::check_mem_fits(saved.mem_bytes, &format!("{}M", saved.mem_bytes >> 20))
+            .map_err(|e| self.invalid(e.to_string()))?;
+        if saved.mem_bytes < 16 << 20
+            || !saved.mem_bytes.is_multiple_of(migration::memory::PAGE_SIZE)
+        {
+            return Err(self.invalid(format!("memory size {} bytes", saved.mem_bytes)));
+        }
+        Ok(())
+    }
+
+    /// The VM-wide state and each vCPU's, converted to KVM's structures.
+    fn kvm_state(&mut self, vcpus: u32) -> Result<(KvmVmState, Vec<KvmVcpuState>), SnapshotError> {
+        let state_err = |shown: &str, section: String| {
+            let path = shown.to_string();
+            move |err: KvmStateError| SnapshotError::State { path, section, err }
+        };
+        let vm_state: VmWideState = self.state(section::VM)?;
+        let vm = vm_state
+            .to_kvm()
+            .map_err(state_err(&self.shown, section::VM.into()))?;
+        let mut out = Vec::with_capacity(vcpus as usize);
+        for id in 0..vcpus {
+            let name = section::vcpu(id);
+            let v: VcpuState = self.state(&name)?;
+            if v.id != id {
+                return Err(self.invalid(format!("section {name} holds vCPU {}", v.id)));
+            }
+            out.push(v.to_kvm().map_err(state_err(&self.shown, name))?);
+        }
+        Ok((vm, out))
+    }
+
+    /// The serial UART.
+    fn serial(&mut self) -> Result<vm_superio::serial::SerialState, SnapshotError> {
+        let dev = section::device(SERIAL_ID);
+        match self.state::<DeviceState>(&dev)? {
+            DeviceState::Serial(s) if s.in_buffer.len() <= UART_FIFO => {
+                Ok(vm_superio::serial::SerialState::from(&s))
+            }
+            DeviceState::Serial(s) => Err(self.invalid(format!(
                 "section {dev}: {} bytes in a {UART_FIFO}-byte FIFO",
                 s.in_buffer.len()
-            )))
+            ))),
+            _ => Err(self.invalid(format!("section {dev} is not a serial port"))),
         }
-        _ => return Err(invalid(format!("section {dev} is not a serial port"))),
-    };
-    let mut transports = Vec::new();
-    for d in &saved.devices {
-        let (id, net) = match d {
-            DeviceConfig::Serial { .. } => continue,
-            DeviceConfig::Net { id, .. } => (id, true),
-            DeviceConfig::Blk { id, .. } => (id, false),
-        };
-        let name = section::device(id);
-        let transport = match reader.read_state::<DeviceState>(&name).map_err(format)? {
-            DeviceState::VirtioNet { transport, .. } if net => transport,
-            DeviceState::VirtioBlk { transport, .. } if !net => transport,
-            _ => {
-                return Err(invalid(format!(
-                    "section {name} does not hold the {} the manifest lists",
-                    d.describe()
-                )))
-            }
-        };
-        check_queues(&transport, if net { 2 } else { 1 })
-            .map_err(|e| invalid(format!("section {name}: {e}")))?;
-        transports.push(transport);
     }
-    migration::validate_memory(
-        &mut reader,
-        section::MEMORY,
-        &layout::ram_ranges(saved.mem_bytes),
-    )
-    .map_err(|err| SnapshotError::Memory {
-        path: shown.clone(),
-        err,
-    })?;
-    Ok(Restore {
-        manifest: saved,
-        vm,
-        vcpus,
-        serial,
-        transports,
-        reader,
-        path: shown,
-    })
+
+    /// Each virtio device's state, in manifest order, of the kind the
+    /// manifest lists and with its queues' shape checked.
+    fn devices(&mut self, saved: &Manifest) -> Result<Vec<(String, DeviceState)>, SnapshotError> {
+        let mut devices = Vec::new();
+        for d in &saved.devices {
+            let (id, net) = match d {
+                DeviceConfig::Serial { .. } => continue,
+                DeviceConfig::Net { id, .. } => (id, true),
+                DeviceConfig::Blk { id, .. } => (id, false),
+            };
+            let name = section::device(id);
+            let state = self.state::<DeviceState>(&name)?;
+            let transport = match &state {
+                DeviceState::VirtioNet { transport, .. } if net => transport,
+                DeviceState::VirtioBlk { transport, .. } if !net => transport,
+                _ => {
+                    return Err(self.invalid(format!(
+                        "section {name} does not hold the {} the manifest lists",
+                        d.describe()
+                    )))
+                }
+            };
+            check_queues(transport, if net { 2 } else { 1 })
+                .map_err(|e| self.invalid(format!("section {name}: {e}")))?;
+            devices.push((id.clone(), state));
+        }
+        Ok(devices)
+    }
 }
 
 /// The shape of a saved transport: its queue count and each queue's
@@ -389,9 +376,31 @@ fn check_queues(t: &MmioTransportState, count: usize) -> Result<(), String> {
 }
 
 impl Restore {
+    /// Copies the stored pages into guest memory that is not fresh: every
+    /// page is zeroed first (the image leaves zero pages out).
+    pub fn fill_memory_over(&mut self, mem: &GuestMemoryMmap) -> Result<ImageStats, SnapshotError> {
+        let zeros = vec![0u8; 1 << 20];
+        for (gpa, len) in layout::ram_ranges(self.state.manifest.mem_bytes) {
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(zeros.len() as u64) as usize;
+                mem.write_slice(&zeros[..n], GuestAddress(gpa + at))
+                    .map_err(|e| SnapshotError::Memory {
+                        path: self.path.clone(),
+                        err: MemoryError::Sink {
+                            gpa: gpa + at,
+                            source: Box::new(e),
+                        },
+                    })?;
+                at += n as u64;
+            }
+        }
+        self.fill_memory(mem)
+    }
+
     /// Copies the stored pages into fresh (zeroed) guest memory.
     pub fn fill_memory(&mut self, mem: &GuestMemoryMmap) -> Result<ImageStats, SnapshotError> {
-        let layout = layout::ram_ranges(self.manifest.mem_bytes);
+        let layout = layout::ram_ranges(self.state.manifest.mem_bytes);
         migration::read_memory(&mut self.reader, section::MEMORY, &layout, |gpa, bytes| {
             mem.write_slice(bytes, GuestAddress(gpa))
         })
@@ -399,21 +408,6 @@ impl Restore {
             path: self.path.clone(),
             err,
         })
-    }
-
-    /// Sets the VM-wide state, in the order `migration::kvm` gives.
-    pub fn apply_vm_state(&self, vm: &VmFd) -> Result<(), SnapshotError> {
-        vm.set_pit2(&self.vm.pit).map_err(kvm_op("set the PIT"))?;
-        let clock = kvm_clock_data {
-            clock: self.vm.clock.clock,
-            ..Default::default()
-        };
-        vm.set_clock(&clock)
-            .map_err(kvm_op("set the guest clock"))?;
-        for chip in [&self.vm.pic_master, &self.vm.pic_slave, &self.vm.ioapic] {
-            vm.set_irqchip(chip).map_err(kvm_op("set an irqchip"))?;
-        }
-        Ok(())
     }
 }
 
@@ -490,7 +484,7 @@ mod tests {
     #[test]
     fn a_bad_vm_section_is_refused_before_anything_is_built() {
         let p = file_with("vm", &manifest(128 << 20, 1, vec![]), |w| {
-            w.write_state(section::VM, &VmState::default()).unwrap();
+            w.write_state(section::VM, &VmWideState::default()).unwrap();
         });
         let e = load_err(&p, None, None);
         assert!(e.contains("section vm: PIC master state is 0 bytes"), "{e}");

@@ -1,103 +1,72 @@
-//! Builds a VM from a [`VmConfig`] and runs it until it ends: KVM VM with the
-//! in-kernel irqchip and PIT, guest memory, the legacy devices, the loaded
-//! kernel, and one thread per vCPU. The calling thread waits for the end.
+//! The VM as a value: [`Vm`], made by [`crate::builder::build`], owns the
+//! KVM VM, guest memory, devices, the vCPU and device threads and the VMM
+//! thread's event loop; [`Vm::run`] runs it to its end on the calling
+//! thread (the VMM thread) and joins every thread it started.
 //!
-//! A VM starts one of two ways ([`Start`]): booted (kernel loaded, boot vCPU
-//! set up for the kernel's entry) or restored from a snapshot already
-//! verified by [`snapshot::load`] (memory, VM state, vCPU and serial state
-//! from the file); everything else is built the same way.
+//! Other threads (the control API's adapter, later the migration and COLO
+//! threads) reach a running VM through a [`VmHandle`]: pause and resume
+//! (vCPUs, devices and the guest clock), [`VmHandle::capture_state`] and
+//! [`VmHandle::apply_state`] on a paused VM, guest memory and its dirty
+//! log, throttling, metrics, snapshots. A handle never blocks a vCPU: it
+//! sends each vCPU an event and waits for the answers with a deadline.
 
-use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
-use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::Kvm;
-use vmm_sys_util::eventfd::EventFd;
+use devices::GuestMemoryMmap;
+use kvm_bindings::kvm_clock_data;
+use kvm_ioctls::{Kvm, VmFd};
+use migration::Manifest;
 
-use crate::api::ApiServer;
-use crate::boot::{self, cpu, layout};
-use crate::config::VmConfig;
-use crate::console;
-use crate::control::{ProfileParts, SnapshotParts, VmControl};
-use crate::cpuid;
-use crate::device_manager::{self, metrics_json, DeviceManager, Devices};
+use crate::device_manager::{metrics_json, DeviceError, Devices, SerialPort, VirtioSlot};
+use crate::device_thread::DeviceThread;
 use crate::exit::{ExitSignal, VmExit};
 use crate::exit_counts::ExitCounts;
 use crate::host::HostKind;
 use crate::kvm_util::{kvm_op, KvmOp};
 use crate::memory::{GuestRam, MemoryError};
-use crate::pause::{self, Gate, ThreadKick};
+use crate::pause::PauseError;
 use crate::profile::{ProfileError, Profiler};
-use crate::snapshot::{self, Restore};
-use crate::vcpu::{Vcpu, VcpuError};
-use crate::vcpu_state::{self, VcpuStateError};
+use crate::snapshot::{self, SaveReport, SnapshotError};
+use crate::vcpu::VcpuError;
 use crate::vcpus::Vcpus;
+use crate::vm_state::{self, VmState};
 
-const METRICS_PERIOD: Duration = Duration::from_secs(1);
-/// How long each vCPU thread may take to end once the VM has ended.
-const VCPU_FINISH_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often the device thread looks at its pause gate when idle.
-const DEVICE_TICK_MS: i32 = 100;
+pub use crate::builder::{Start, VmError};
+pub use crate::vm_loop::Vm;
 
-type Subscribers = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
+/// How long each vCPU thread and the device thread may take to end once
+/// the VM has ended.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Errors before the guest runs.
+/// Why an operation on a running VM failed; the VM goes on as it was.
 #[derive(Debug, thiserror::Error)]
-pub enum VmError {
-    #[error("cannot open /dev/kvm: {0}")]
-    KvmOpen(String),
-    #[error(transparent)]
-    Kvm(#[from] KvmOp),
-    #[error(transparent)]
-    Memory(#[from] MemoryError),
-    #[error(transparent)]
-    Device(#[from] device_manager::DeviceError),
+pub enum VmOpError {
+    #[error("the VM is already paused")]
+    AlreadyPaused,
+    #[error("the VM is not paused")]
+    NotPaused,
+    #[error("cannot pause the vCPUs: {0}")]
+    PauseVcpus(#[source] VcpuError),
+    #[error("cannot pause the devices: {0}")]
+    PauseDevices(#[source] PauseError),
+    #[error("cannot resume the vCPUs: {0}")]
+    ResumeVcpus(#[source] VcpuError),
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
     #[error(transparent)]
-    Boot(#[from] boot::BootError),
+    Kvm(#[from] KvmOp),
     #[error(transparent)]
-    Cpu(#[from] cpu::CpuError),
+    Device(#[from] DeviceError),
     #[error(transparent)]
-    Cpuid(#[from] cpuid::CpuidError),
-    #[error("cannot set up devices: {0}")]
-    Devices(String),
+    Snapshot(#[from] SnapshotError),
     #[error(transparent)]
-    Api(#[from] crate::api::ApiError),
-    #[error("--net tap={tap}: {err}")]
-    Net { tap: String, err: String },
-    #[error("--disk: {0}")]
-    Disk(String),
-    #[error("too many devices: at most {0} virtio devices")]
-    TooManyDevices(u32),
-    #[error("cannot write metrics to {path}: {err}")]
-    Metrics { path: String, err: String },
-    #[error("cannot start a thread or eventfd: {0}")]
-    Io(#[from] io::Error),
+    Memory(#[from] MemoryError),
     #[error(transparent)]
-    Snapshot(#[from] snapshot::SnapshotError),
-    #[error("restoring vCPU {id}: {err}")]
-    VcpuState { id: u8, err: VcpuStateError },
-    #[error(transparent)]
-    SaveSetup(VcpuStateError),
-    #[error("restoring the serial port: {0}")]
-    Serial(io::Error),
-    #[error("restoring device {id}: {err}")]
-    DeviceState { id: String, err: String },
-    #[error("--guest-profile: {0}")]
     Profile(#[from] ProfileError),
-}
-
-/// How the guest starts.
-pub enum Start {
-    /// Load the kernel and boot it.
-    Boot,
-    /// Continue a saved VM (verified and converted by [`snapshot::load`]).
-    Restore(Box<Restore>),
+    #[error("the state is not this VM's: {0}")]
+    Foreign(String),
 }
 
 /// Opens /dev/kvm with a message that says what to do.
@@ -128,340 +97,369 @@ pub fn effective_cmdline(user: &str, host: HostKind) -> String {
     out.join(" ")
 }
 
-/// Boots the VM and runs it until it ends.
-pub fn run(cfg: &VmConfig) -> Result<VmExit, VmError> {
-    run_from(cfg, Start::Boot)
+/// Boots the VM of `cfg` and runs it until it ends.
+pub fn run(cfg: &crate::config::VmConfig) -> Result<VmExit, VmError> {
+    crate::builder::build(cfg, Start::Boot)?.run()
 }
 
-/// Runs the VM from `start` until it ends. Errors are for what fails before
-/// it runs. The vCPU threads are not joined: the caller exits the process,
-/// which ends them (they hold their own references to the VM and its memory).
-/// On a restore, `cfg.kernel`, `initrd` and `cmdline` are not used, and
-/// the devices must be the snapshot's (checked by [`snapshot::load`]).
-pub fn run_from(cfg: &VmConfig, mut start: Start) -> Result<VmExit, VmError> {
-    let host = HostKind::detect();
-    let kvm = open_kvm()?;
-    let msr_indices = Arc::new(vcpu_state::msr_index_list(&kvm).map_err(VmError::SaveSetup)?);
-    if matches!(start, Start::Restore(_)) {
-        vcpu_state::check_xsave_size(&kvm).map_err(VmError::SaveSetup)?;
-    }
-    let vm = Arc::new(kvm.create_vm().map_err(kvm_op("create a VM"))?);
-    vm.set_tss_address(layout::KVM_TSS_ADDRESS)
-        .map_err(kvm_op("set the TSS address"))?;
-    vm.create_irq_chip()
-        .map_err(kvm_op("create the in-kernel irqchip"))?;
-    let pit = kvm_pit_config {
-        flags: KVM_PIT_SPEAKER_DUMMY,
-        ..Default::default()
-    };
-    vm.create_pit2(pit)
-        .map_err(kvm_op("create the in-kernel PIT"))?;
+/// Whether the VM is paused, and what its pause saved.
+#[derive(Default)]
+struct PauseState {
+    /// When it was paused (`None`: running).
+    since: Option<Instant>,
+    /// The guest clock to set on resume, so that the guest does not see
+    /// the time it spent paused (or the clock of an applied state).
+    clock: Option<kvm_clock_data>,
+}
 
-    let ram = Arc::new(GuestRam::new(vm.clone(), cfg.mem_bytes)?);
-    let mem = ram.mem().clone();
-    let exit = Arc::new(ExitSignal::new()?);
-    // The devices: legacy ports, then the virtio devices (NICs, then disks:
-    // the guest probes them in command-line order, so the first --disk is
-    // vda), each announced on the command line. Their handlers run on the
-    // device thread's event loop; the calling thread keeps the control API,
-    // metrics and the end of the VM.
-    let virtio_configs = device_manager::virtio_configs(&cfg.nets, &cfg.disks)?;
-    let manifest = snapshot::manifest(cfg.mem_bytes, u32::from(cfg.cpus), virtio_configs.clone());
-    let mut dm = DeviceManager::new(vm.clone(), mem.clone(), &exit)?;
-    dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
-    let announce = dm.announcement();
-    let devs = dm.finish();
+/// What a `VmHandle` reaches: everything of the VM but its event loop.
+pub(crate) struct Core {
+    pub fd: Arc<VmFd>,
+    pub ram: Arc<GuestRam>,
+    pub vcpus: Mutex<Vcpus>,
+    pub devices: Devices,
+    pub device_thread: Mutex<DeviceThread>,
+    pub exit: Arc<ExitSignal>,
+    pub exits: Arc<ExitCounts>,
+    pub profiler: Arc<Profiler>,
+    /// The MSRs saved for each vCPU (see `vcpu_state.rs`).
+    pub msr_indices: Arc<Vec<u32>>,
+    pub manifest: Manifest,
+    pub started: Instant,
+    pause: Mutex<PauseState>,
+}
 
-    let entry = match &mut start {
-        Start::Boot => {
-            let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
-            log::info!("host: {host:?}; kernel command line: {cmdline}");
-            let info = boot::load(
-                &mem,
-                &boot::BootSpec {
-                    kernel: &cfg.kernel,
-                    initrd: cfg.initrd.as_deref(),
-                    cmdline: &cmdline,
-                    num_cpus: cfg.cpus,
-                },
-            )?;
-            Some(info.entry)
+impl Core {
+    /// A VM just built: its threads exist and are all stopped.
+    pub fn paused(parts: CoreParts) -> Core {
+        Core {
+            fd: parts.fd,
+            ram: parts.ram,
+            vcpus: Mutex::new(parts.vcpus),
+            devices: parts.devices,
+            device_thread: Mutex::new(parts.device_thread),
+            exit: parts.exit,
+            exits: parts.exits,
+            profiler: parts.profiler,
+            msr_indices: parts.msr_indices,
+            manifest: parts.manifest,
+            started: Instant::now(),
+            pause: Mutex::new(PauseState {
+                since: Some(Instant::now()),
+                clock: None,
+            }),
         }
-        Start::Restore(r) => {
-            // Every device state is checked before memory is filled: a
-            // refused file starts nothing.
-            for (slot, state) in devs.virtio.iter().zip(&r.transports) {
-                slot.check_transport(state)?;
+    }
+}
+
+/// The parts [`Core::paused`] assembles (see `builder.rs`).
+pub(crate) struct CoreParts {
+    pub fd: Arc<VmFd>,
+    pub ram: Arc<GuestRam>,
+    pub vcpus: Vcpus,
+    pub devices: Devices,
+    pub device_thread: DeviceThread,
+    pub exit: Arc<ExitSignal>,
+    pub exits: Arc<ExitCounts>,
+    pub profiler: Arc<Profiler>,
+    pub msr_indices: Arc<Vec<u32>>,
+    pub manifest: Manifest,
+}
+
+/// A running VM as another thread drives it (cheap to clone).
+#[derive(Clone)]
+pub struct VmHandle(pub(crate) Arc<Core>);
+
+/// What a snapshot through [`VmHandle::snapshot`] did.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotDone {
+    pub report: SaveReport,
+    /// Wall time, pause to resume.
+    pub ms: f64,
+    /// Whether the VM was running (and so was paused for it and resumed).
+    pub was_running: bool,
+}
+
+/// What a [`VmHandle::revert`] did.
+#[derive(Debug, Clone, Copy)]
+pub struct RevertDone {
+    /// Non-zero pages the snapshot put back.
+    pub pages: u64,
+    /// Wall time, file checks included.
+    pub ms: f64,
+    /// Whether the VM was running (and runs again).
+    pub was_running: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    devices::bus::lock(m)
+}
+
+impl VmHandle {
+    /// Whether the VM is paused.
+    pub fn is_paused(&self) -> bool {
+        lock(&self.0.pause).since.is_some()
+    }
+
+    /// How long the VM has been paused (`None`: it runs).
+    pub fn paused_for(&self) -> Option<Duration> {
+        lock(&self.0.pause).since.map(|t| t.elapsed())
+    }
+
+    /// Time since the VM was built.
+    pub fn uptime(&self) -> Duration {
+        self.0.started.elapsed()
+    }
+
+    /// What the VM is (memory, vCPUs, devices).
+    pub fn manifest(&self) -> &Manifest {
+        &self.0.manifest
+    }
+
+    /// Stops every vCPU and the device thread, and keeps the guest clock;
+    /// returns how long that took. If the devices do not stop, the vCPUs
+    /// run again and the VM is as it was.
+    pub fn pause(&self) -> Result<Duration, VmOpError> {
+        let mut p = lock(&self.0.pause);
+        if p.since.is_some() {
+            return Err(VmOpError::AlreadyPaused);
+        }
+        let start = Instant::now();
+        lock(&self.0.vcpus).pause().map_err(VmOpError::PauseVcpus)?;
+        if let Err(e) = lock(&self.0.device_thread).pause() {
+            if let Err(r) = lock(&self.0.vcpus).resume() {
+                log::error!("pause: cannot resume the vCPUs again: {r}");
             }
-            let stats = r.fill_memory(&mem)?;
-            log::info!("restore: {} pages of guest memory", stats.pages);
-            r.apply_vm_state(&vm)?;
-            // Each transport as it was: a running device restarts on its
-            // queues (the tap's offloads set again), before any vCPU runs.
-            for (slot, state) in devs.virtio.iter().zip(&r.transports) {
-                slot.restore_transport(state)?;
-            }
-            devs.restore_serial(&r.serial)?;
-            None
+            return Err(VmOpError::PauseDevices(e));
         }
-    };
-    let Devices {
-        pio,
-        mmio,
-        subscribers: mut em,
-        virtio,
-        serial,
-        ..
-    } = devs;
-
-    let base_cpuid = cpuid::supported(&kvm)?;
-    let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
-    let kicks: Vec<Arc<ThreadKick>> = (0..cfg.cpus).map(|_| Arc::default()).collect();
-    let profiler = Arc::new(Profiler::new(kicks.clone()));
-    let exits = Arc::new(ExitCounts::default());
-    for id in 0..cfg.cpus {
-        let fd = vm
-            .create_vcpu(u64::from(id))
-            .map_err(kvm_op("create a vCPU"))?;
-        fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, id, cfg.cpus, host))
-            .map_err(kvm_op("set CPUID"))?;
-        cpu::setup_msrs(&fd)?;
-        if let (0, Some(entry)) = (id, entry) {
-            cpu::setup_boot_vcpu(&fd, &mem, entry)?;
+        // With every vCPU stopped, the guest clock is read once and set back
+        // on resume.
+        match self.0.fd.get_clock() {
+            Ok(c) => p.clock = Some(c),
+            Err(e) => log::warn!("pause: cannot read the guest clock: {e}"),
         }
-        cpu::setup_lapic(&fd)?;
-        if let Start::Restore(r) = &start {
-            if let Some(saved) = r.vcpus.get(usize::from(id)) {
-                vcpu_state::apply(&fd, saved).map_err(|err| VmError::VcpuState { id, err })?;
-            }
-        }
-        vcpus.push(Vcpu {
-            fd,
-            id,
-            pio: pio.clone(),
-            mmio: mmio.clone(),
-            mem: mem.clone(),
-            exit: exit.clone(),
-            kick: kicks[usize::from(id)].clone(),
-            profiler: profiler.clone(),
-            exits: exits.clone(),
-        });
+        p.since = Some(Instant::now());
+        Ok(start.elapsed())
     }
 
-    let ended = Arc::new(AtomicBool::new(false));
-    let mut main_em =
-        Subscribers::new().map_err(|e| VmError::Devices(format!("event loop: {e:?}")))?;
-    main_em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
-        fd: exit.as_raw_fd(),
-        ended: ended.clone(),
-    })));
-    let metrics = cfg.metrics.as_deref();
-    if let Some(path) = metrics {
-        write_metrics(path, &metrics_json(&virtio, &exits))?;
-    }
-    // Bound before the guest starts, so a bad path is a start-up error.
-    let api = match &cfg.api_sock {
-        Some(path) => Some(ApiServer::bind(path, Box::new(NoControl))?),
-        None => None,
-    };
-
-    let device_gate = Arc::new(Gate::default());
-    let device_kick = EventFd::new(libc::EFD_NONBLOCK)?;
-    em.add_subscriber(Arc::new(Mutex::new(Kick(device_kick.try_clone()?))));
-    spawn_device_thread(em, device_gate.clone(), ended.clone())?;
-
-    pause::install_kick_handler().map_err(|e| VmError::Devices(e.to_string()))?;
-    let raw = console::enter_raw_mode();
-    let serial_for_api = serial.clone();
-    console::spawn_input(serial, exit.clone(), raw)?;
-    if cfg.profile.file.is_some() {
-        profiler.start(cfg.profile.hz)?;
-    }
-    // Each thread starts paused; all run once every one has started.
-    let handles = vcpus
-        .into_iter()
-        .map(Vcpu::spawn)
-        .collect::<Result<Vec<_>, _>>()?;
-    let vcpus = Arc::new(Mutex::new(Vcpus::new(handles)));
-    devices::bus::lock(&vcpus).resume()?;
-    if let Some(mut api) = api {
-        let (devices, exits) = (virtio.clone(), exits.clone());
-        let mut control = VmControl::new(
-            vm.clone(),
-            vcpus.clone(),
-            device_gate,
-            device_kick,
-            exit.clone(),
-            Box::new(move || metrics_json(&devices, &exits)),
-            cfg.mem_bytes,
-            cfg.cpus,
-        );
-        let serial = serial_for_api;
-        control.snapshot = Some(SnapshotParts {
-            mem: mem.clone(),
-            serial: Box::new(move || devices::bus::lock(&serial).state()),
-            msr_indices,
-            manifest,
-            devices: virtio.clone(),
-        });
-        control.ram = Some(ram.clone());
-        control.profile = Some(ProfileParts {
-            profiler: profiler.clone(),
-            symbols: cfg.profile.symbols.clone(),
-        });
-        api.set_control(Box::new(control));
-        main_em.add_subscriber(Arc::new(Mutex::new(api)));
-    }
-    // The VMM thread: control requests and metrics until the VM ends.
-    let mut last_metrics = Instant::now();
-    while !ended.load(Ordering::SeqCst) {
-        if let Err(e) = main_em.run_with_timeout(METRICS_PERIOD.as_millis() as i32) {
-            log::error!("event loop: {e:?}");
+    /// Lets the paused VM run again, its guest clock where the pause (or
+    /// an applied state) left it.
+    pub fn resume(&self) -> Result<(), VmOpError> {
+        let mut p = lock(&self.0.pause);
+        if p.since.is_none() {
+            return Err(VmOpError::NotPaused);
         }
-        if let Some(path) = metrics {
-            if last_metrics.elapsed() >= METRICS_PERIOD {
-                last_metrics = Instant::now();
-                if let Err(e) = write_metrics(path, &metrics_json(&virtio, &exits)) {
-                    log::warn!("{e}");
-                }
+        if let Some(saved) = p.clock.take() {
+            if let Err(e) = self.0.fd.set_clock(&vm_state::clock_to_set(&saved)) {
+                log::warn!("resume: cannot set the guest clock: {e}");
             }
         }
+        lock(&self.0.device_thread).resume();
+        lock(&self.0.vcpus)
+            .resume()
+            .map_err(VmOpError::ResumeVcpus)?;
+        p.since = None;
+        Ok(())
     }
-    let why = exit.reason();
-    devices::bus::lock(&vcpus).finish(VCPU_FINISH_TIMEOUT);
-    console::restore_terminal();
-    if let Some(path) = metrics {
-        if let Err(e) = write_metrics(path, &metrics_json(&virtio, &exits)) {
-            log::warn!("{e}");
-        }
-    }
-    if let Some(file) = &cfg.profile.file {
-        write_profile(&profiler, file, cfg.profile.symbols.as_deref());
-    }
-    log::info!("{}", crate::emulation::summary());
-    Ok(why)
-}
 
-fn spawn_device_thread(
-    mut em: Subscribers,
-    gate: Arc<Gate>,
-    ended: Arc<AtomicBool>,
-) -> Result<(), VmError> {
-    std::thread::Builder::new()
-        .name("devices".into())
-        .spawn(move || {
-            while !ended.load(Ordering::SeqCst) {
-                gate.park_if_paused();
-                if let Err(e) = em.run_with_timeout(DEVICE_TICK_MS) {
-                    log::error!("device event loop: {e:?}");
-                }
+    /// The whole state of the paused VM but its memory; the vCPUs hand
+    /// theirs over in parallel.
+    pub fn capture_state(&self) -> Result<VmState, VmOpError> {
+        let p = lock(&self.0.pause);
+        if p.since.is_none() {
+            return Err(VmOpError::NotPaused);
+        }
+        let clock = match p.clock {
+            Some(c) => c,
+            None => self
+                .0
+                .fd
+                .get_clock()
+                .map_err(kvm_op("read the guest clock"))?,
+        };
+        let vm = vm_state::read_vm_wide(&self.0.fd, clock)?;
+        let vcpus = lock(&self.0.vcpus).capture(&self.0.msr_indices)?;
+        let devices = self
+            .virtio()
+            .iter()
+            .map(|d| Ok((d.id().to_string(), d.save()?)))
+            .collect::<Result<Vec<_>, VmOpError>>()?;
+        Ok(VmState {
+            manifest: self.0.manifest.clone(),
+            vm,
+            vcpus,
+            serial: lock(&self.0.devices.serial).state(),
+            devices,
+        })
+    }
+
+    /// Checks that `s` is a state of this VM (vCPUs, devices by id, each
+    /// transport against its device) without changing anything.
+    pub fn check_state(&self, s: &VmState) -> Result<(), VmOpError> {
+        let foreign = |what: String| Err(VmOpError::Foreign(what));
+        if s.manifest.mem_bytes != self.0.manifest.mem_bytes {
+            return foreign(format!(
+                "{} MiB of memory, this VM has {} MiB",
+                s.manifest.mem_bytes >> 20,
+                self.0.manifest.mem_bytes >> 20
+            ));
+        }
+        let vcpus = lock(&self.0.vcpus).len();
+        if s.vcpus.len() != vcpus {
+            return foreign(format!("{} vCPUs, this VM has {vcpus}", s.vcpus.len()));
+        }
+        let virtio = self.virtio();
+        if s.devices.len() != virtio.len() {
+            return foreign(format!(
+                "{} virtio devices, this VM has {}",
+                s.devices.len(),
+                virtio.len()
+            ));
+        }
+        for (slot, (id, d)) in virtio.iter().zip(&s.devices) {
+            let Some(t) = VmState::transport(d).filter(|_| id == slot.id()) else {
+                return foreign(format!("device {id} where this VM has {}", slot.id()));
+            };
+            slot.check_transport(t)?;
+        }
+        Ok(())
+    }
+
+    /// Puts the paused VM in state `s` (memory is the caller's): VM-wide
+    /// state, every vCPU (in parallel), every device (a live one restarts
+    /// on the saved queues) and the serial port; the guest clock is set to
+    /// `s`'s on resume. Everything is checked before anything changes.
+    pub fn apply_state(&self, s: &VmState) -> Result<(), VmOpError> {
+        let mut p = lock(&self.0.pause);
+        if p.since.is_none() {
+            return Err(VmOpError::NotPaused);
+        }
+        self.check_state(s)?;
+        vm_state::apply_vm_wide(&self.0.fd, &s.vm)?;
+        lock(&self.0.vcpus).apply(s.vcpus.clone())?;
+        for (slot, (_, d)) in self.virtio().iter().zip(&s.devices) {
+            if let Some(t) = VmState::transport(d) {
+                slot.restore_transport(t)?;
             }
-        })?;
-    Ok(())
-}
-
-/// Drains the device thread's wake-up eventfd (used to reach the gate).
-struct Kick(EventFd);
-
-impl MutEventSubscriber for Kick {
-    fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::new(&self.0, EventSet::IN)) {
-            log::error!("cannot watch the device thread's kick: {e:?}");
         }
+        self.0.devices.restore_serial(&s.serial)?;
+        p.clock = Some(s.vm.clock);
+        Ok(())
     }
 
-    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
-        let _ = self.0.read();
-    }
-}
-
-/// Stands in for the VM until it runs (the API is bound before that).
-struct NoControl;
-
-impl crate::api::Control for NoControl {
-    fn status(&mut self) -> serde_json::Value {
-        serde_json::json!({"state": "starting"})
-    }
-    fn pause(&mut self) -> Result<f64, String> {
-        Err("the VM is starting".into())
-    }
-    fn resume(&mut self) -> Result<(), String> {
-        Err("the VM is starting".into())
-    }
-    fn metrics(&mut self) -> serde_json::Value {
-        serde_json::json!({})
-    }
-    fn shutdown(&mut self) {}
-    fn snapshot(&mut self, _: &Path) -> Result<serde_json::Value, String> {
-        Err("the VM is starting".into())
-    }
-}
-
-/// Ends the profile the VM ran under (`--guest-profile`): writes the
-/// folded stacks and prints the table on stderr.
-fn write_profile(profiler: &Profiler, file: &Path, symbols: Option<&Path>) {
-    if symbols.is_none() {
-        eprintln!(
-            "tandem: guest profile: no symbols (the kernel is not an ELF file): \
-             addresses stay hex; give --guest-symbols System.map"
-        );
-    }
-    match profiler.stop().and_then(|p| p.write(file, symbols)) {
-        Ok(summary) => eprint!("{}", summary.text()),
-        Err(crate::profile::ProfileError::NotRunning) => {
-            log::info!("guest profile: stopped through the API before the end");
+    /// Writes a snapshot to `path`, pausing a running VM for it.
+    pub fn snapshot(&self, path: &Path) -> Result<SnapshotDone, VmOpError> {
+        let start = Instant::now();
+        let was_running = !self.is_paused();
+        if was_running {
+            self.pause()?;
         }
-        Err(e) => eprintln!("tandem: guest profile: {e}"),
-    }
-}
-
-/// The device counters as JSON.
-fn write_metrics(path: &Path, doc: &serde_json::Value) -> Result<(), VmError> {
-    let err = |e: String| VmError::Metrics {
-        path: path.display().to_string(),
-        err: e,
-    };
-    let tmp = path.with_extension("tmp");
-    let text = serde_json::to_string_pretty(doc).map_err(|e| err(e.to_string()))?;
-    std::fs::write(&tmp, text + "\n").map_err(|e| err(e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
-}
-
-/// Ends the event loop when the VM ends.
-struct ExitWatcher {
-    fd: std::os::fd::RawFd,
-    ended: Arc<AtomicBool>,
-}
-
-impl MutEventSubscriber for ExitWatcher {
-    fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::new_raw(self.fd, EventSet::IN)) {
-            log::error!("cannot watch for the end of the VM: {e:?}");
+        let saved = self
+            .capture_state()
+            .and_then(|s| snapshot::save(path, &s, self.memory()).map_err(VmOpError::from));
+        if was_running {
+            if let Err(e) = self.resume() {
+                log::error!("snapshot: cannot resume the VM: {e}");
+            }
         }
+        Ok(SnapshotDone {
+            report: saved?,
+            ms: start.elapsed().as_secs_f64() * 1000.0,
+            was_running,
+        })
     }
 
-    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
-        self.ended.store(true, Ordering::SeqCst);
+    /// Takes the running VM back to snapshot `path` of itself: the file is
+    /// verified whole and checked against this VM before the VM pauses;
+    /// then memory is replaced, the state applied, and the VM resumed if it
+    /// was running. Should replacing memory fail midway (a read error of a
+    /// verified file), the VM stays paused: its memory is partly the
+    /// snapshot's.
+    pub fn revert(&self, path: &Path) -> Result<RevertDone, VmOpError> {
+        let start = Instant::now();
+        let mut r = snapshot::load_for(path, &self.0.manifest)?;
+        let was_running = !self.is_paused();
+        if was_running {
+            self.pause()?;
+        }
+        if let Err(e) = self.check_state(&r.state) {
+            if was_running {
+                self.resume()?;
+            }
+            return Err(e);
+        }
+        let applied = r
+            .fill_memory_over(self.memory())
+            .map_err(VmOpError::from)
+            .and_then(|stats| self.apply_state(&r.state).map(|()| stats.pages));
+        let pages = match applied {
+            Ok(p) => p,
+            Err(e) => {
+                log::error!("revert to {}: {e}; the VM stays paused", path.display());
+                return Err(e);
+            }
+        };
+        if was_running {
+            self.resume()?;
+        }
+        Ok(RevertDone {
+            pages,
+            ms: start.elapsed().as_secs_f64() * 1000.0,
+            was_running,
+        })
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+    /// Makes every vCPU sleep `percent` of each throttle window (0: off).
+    pub fn throttle(&self, percent: u8) -> Result<(), VmOpError> {
+        Ok(lock(&self.0.vcpus).throttle(percent)?)
+    }
 
-    #[test]
-    fn host_params_are_appended_only_on_emulated_hosts() {
-        assert_eq!(
-            effective_cmdline(" console=ttyS0 ", HostKind::Hardware),
-            "console=ttyS0"
-        );
-        let e = effective_cmdline("console=ttyS0", HostKind::Emulated);
-        assert!(e.starts_with("console=ttyS0 noxsave"), "{e}");
-        assert!(e.contains("tandem_syscall_fixup"));
-        assert_eq!(
-            effective_cmdline(&e, HostKind::Emulated),
-            e,
-            "nothing appended twice"
-        );
+    /// Guest RAM, its KVM slots and its dirty log.
+    pub fn ram(&self) -> &Arc<GuestRam> {
+        &self.0.ram
+    }
+
+    /// Guest memory (every device write marks its pages).
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        self.0.ram.mem()
+    }
+
+    /// The virtio devices, in manifest order.
+    pub fn virtio(&self) -> &Arc<[VirtioSlot]> {
+        &self.0.devices.virtio
+    }
+
+    /// The serial port.
+    pub fn serial(&self) -> &SerialPort {
+        &self.0.devices.serial
+    }
+
+    /// The device and exit counters as JSON (what `--metrics` writes).
+    pub fn metrics(&self) -> serde_json::Value {
+        metrics_json(self.virtio(), &self.0.exits)
+    }
+
+    /// The guest profiler.
+    pub fn profiler(&self) -> &Arc<Profiler> {
+        &self.0.profiler
+    }
+
+    /// Ends the VM (resuming it first if paused, so its threads can end).
+    pub fn shutdown(&self) {
+        if self.is_paused() {
+            let _ = self.resume();
+        }
+        self.0.exit.signal(VmExit::Shutdown);
+    }
+
+    /// How the VM ends (or ended).
+    pub fn exit(&self) -> &Arc<ExitSignal> {
+        &self.0.exit
+    }
+
+    /// Ends and joins every vCPU thread and the device thread.
+    pub(crate) fn finish_threads(&self) {
+        lock(&self.0.vcpus).finish(FINISH_TIMEOUT);
+        lock(&self.0.device_thread).finish(FINISH_TIMEOUT);
     }
 }

@@ -87,47 +87,7 @@ const RNG_SEED_LEN: usize = 32;
 
 /// Loads everything into `mem` and returns where to start.
 pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootError> {
-    let kpath = spec.kernel.to_path_buf();
-    let mut kernel = File::open(spec.kernel).map_err(|err| BootError::KernelOpen {
-        path: kpath.clone(),
-        err,
-    })?;
-    let mut magic = [0u8; 4];
-    let is_elf = kernel.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC;
-    kernel
-        .seek(SeekFrom::Start(0))
-        .map_err(|err| BootError::KernelOpen {
-            path: kpath.clone(),
-            err,
-        })?;
-
-    let (result, bzimage) =
-        if is_elf {
-            let r = Elf::load(mem, None, &mut kernel, Some(GuestAddress(HIMEM_START))).map_err(
-                |err| BootError::KernelLoad {
-                    path: kpath.clone(),
-                    err,
-                },
-            )?;
-            (r, false)
-        } else {
-            let r = BzImage::load(mem, None, &mut kernel, Some(GuestAddress(HIMEM_START)))
-                .map_err(|err| match err {
-                    loader::Error::Bzimage(
-                        loader::bzimage::Error::InvalidBzImage
-                        | loader::bzimage::Error::ReadBzImageHeader
-                        | loader::bzimage::Error::Underflow,
-                    ) => BootError::KernelFormat {
-                        path: kpath.clone(),
-                    },
-                    err => BootError::KernelLoad {
-                        path: kpath.clone(),
-                        err,
-                    },
-                })?;
-            (r, true)
-        };
-
+    let (result, bzimage) = load_kernel(mem, spec.kernel)?;
     let mut params = boot_params::default();
     if let Some(hdr) = result.setup_header {
         params.hdr = hdr;
@@ -159,7 +119,61 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootErro
         params.hdr.ramdisk_image = addr as u32;
         params.hdr.ramdisk_size = size as u32;
     }
+    write_e820(&mut params, mem);
+    params.hdr.setup_data = write_rng_seed(mem)?;
+    mem.write_obj(params, GuestAddress(ZERO_PAGE_START))?;
+    mptable::write(mem, spec.num_cpus)?;
 
+    let entry = if bzimage {
+        result.kernel_load.raw_value() + BZIMAGE_ENTRY_OFFSET
+    } else {
+        result.kernel_load.raw_value()
+    };
+    Ok(BootInfo { entry, bzimage })
+}
+
+/// Loads the kernel (an ELF vmlinux or a bzImage, told apart by its first
+/// bytes); returns what the loader found and whether it is a bzImage.
+fn load_kernel(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+) -> Result<(loader::KernelLoaderResult, bool), BootError> {
+    let kpath = path.to_path_buf();
+    let open_err = |err| BootError::KernelOpen {
+        path: kpath.clone(),
+        err,
+    };
+    let mut kernel = File::open(path).map_err(open_err)?;
+    let mut magic = [0u8; 4];
+    let is_elf = kernel.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC;
+    kernel.seek(SeekFrom::Start(0)).map_err(open_err)?;
+    let start = Some(GuestAddress(HIMEM_START));
+    if is_elf {
+        let r = Elf::load(mem, None, &mut kernel, start).map_err(|err| BootError::KernelLoad {
+            path: kpath.clone(),
+            err,
+        })?;
+        return Ok((r, false));
+    }
+    let r = BzImage::load(mem, None, &mut kernel, start).map_err(|err| match err {
+        loader::Error::Bzimage(
+            loader::bzimage::Error::InvalidBzImage
+            | loader::bzimage::Error::ReadBzImageHeader
+            | loader::bzimage::Error::Underflow,
+        ) => BootError::KernelFormat {
+            path: kpath.clone(),
+        },
+        err => BootError::KernelLoad {
+            path: kpath.clone(),
+            err,
+        },
+    })?;
+    Ok((r, true))
+}
+
+/// The e820 map: low RAM below the EBDA, the EBDA and legacy hole
+/// reserved, then guest RAM from 1 MiB on.
+fn write_e820(params: &mut boot_params, mem: &GuestMemoryMmap) {
     let mut e820 = vec![
         (0, EBDA_START, E820_RAM),
         (EBDA_START, 0xa_0000 - EBDA_START, E820_RESERVED),
@@ -178,16 +192,6 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootErro
         };
     }
     params.e820_entries = e820.len() as u8;
-    params.hdr.setup_data = write_rng_seed(mem)?;
-    mem.write_obj(params, GuestAddress(ZERO_PAGE_START))?;
-    mptable::write(mem, spec.num_cpus)?;
-
-    let entry = if bzimage {
-        result.kernel_load.raw_value() + BZIMAGE_ENTRY_OFFSET
-    } else {
-        result.kernel_load.raw_value()
-    };
-    Ok(BootInfo { entry, bzimage })
 }
 
 /// Writes a `setup_data` entry with 32 bytes from the host's RNG and

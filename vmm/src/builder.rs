@@ -1,0 +1,244 @@
+//! Builds a [`Vm`] from a [`VmConfig`]: the KVM VM with the in-kernel
+//! irqchip and PIT, guest memory, the devices (`device_manager`), the
+//! kernel (on a boot), one thread per vCPU and the device thread, and the
+//! control socket. Every thread starts stopped; [`Vm::run`] lets them go.
+//!
+//! A VM starts one of three ways ([`Start`]): booted (kernel loaded, boot
+//! vCPU set up for the kernel's entry), restored from a snapshot already
+//! verified by [`snapshot::load`] (its state applied to the new, paused VM
+//! through the same [`VmHandle::apply_state`] a running VM takes), or
+//! incoming (built paused and left so: its memory and state arrive later).
+//!
+//! Runs on the calling thread (the VMM thread); nothing here waits on the
+//! guest.
+
+use std::io;
+use std::sync::Arc;
+
+use devices::GuestMemoryMmap;
+use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VmFd};
+
+use crate::api::ApiServer;
+use crate::boot::{self, cpu, layout};
+use crate::config::VmConfig;
+use crate::cpuid;
+use crate::device_manager::{self, DeviceManager, Devices};
+use crate::device_thread::DeviceThread;
+use crate::exit::ExitSignal;
+use crate::exit_counts::ExitCounts;
+use crate::host::HostKind;
+use crate::kvm_util::{kvm_op, KvmOp};
+use crate::memory::{GuestRam, MemoryError};
+use crate::pause::{self, ThreadKick};
+use crate::profile::{ProfileError, Profiler};
+use crate::snapshot::{self, Restore};
+use crate::vcpu::{Vcpu, VcpuError};
+use crate::vcpu_state::{self, VcpuStateError};
+use crate::vcpus::Vcpus;
+use crate::vm::{effective_cmdline, open_kvm, Core, CoreParts, Vm, VmHandle, VmOpError};
+
+/// Errors before the guest runs.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("cannot open /dev/kvm: {0}")]
+    KvmOpen(String),
+    #[error(transparent)]
+    Kvm(#[from] KvmOp),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Device(#[from] device_manager::DeviceError),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    #[error(transparent)]
+    Cpu(#[from] cpu::CpuError),
+    #[error(transparent)]
+    Cpuid(#[from] cpuid::CpuidError),
+    #[error("cannot set up the event loop: {0}")]
+    Devices(String),
+    #[error(transparent)]
+    Api(#[from] crate::api::ApiError),
+    #[error("cannot write metrics to {path}: {err}")]
+    Metrics { path: String, err: String },
+    #[error("cannot start a thread or eventfd: {0}")]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+    #[error(transparent)]
+    SaveSetup(VcpuStateError),
+    #[error("cannot install the vCPU kick: {0}")]
+    Kick(#[source] pause::PauseError),
+    #[error("cannot stop the device thread: {0}")]
+    DevicePause(#[source] pause::PauseError),
+    #[error("restoring the VM: {0}")]
+    Restore(#[source] VmOpError),
+    #[error("starting the VM: {0}")]
+    Start(#[source] VmOpError),
+    #[error("--guest-profile: {0}")]
+    Profile(#[from] ProfileError),
+}
+
+/// How the guest starts.
+pub enum Start {
+    /// Load the kernel and boot it.
+    Boot,
+    /// Continue a saved VM (verified and converted by [`snapshot::load`]).
+    Restore(Box<Restore>),
+    /// Stay paused: memory and state arrive later (a migration's target).
+    Incoming,
+}
+
+/// Builds the VM of `cfg`, every thread started and stopped. On a restore,
+/// `cfg.kernel`, `initrd` and `cmdline` are not used, and the devices must
+/// be the snapshot's (checked by [`snapshot::load`]).
+pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
+    let host = HostKind::detect();
+    let kvm = open_kvm()?;
+    let msr_indices = Arc::new(vcpu_state::msr_index_list(&kvm).map_err(VmError::SaveSetup)?);
+    if !matches!(start, Start::Boot) {
+        vcpu_state::check_xsave_size(&kvm).map_err(VmError::SaveSetup)?;
+    }
+    let fd = create_vm(&kvm)?;
+    let ram = Arc::new(GuestRam::new(fd.clone(), cfg.mem_bytes)?);
+    let exit = Arc::new(ExitSignal::new()?);
+    // The devices: legacy ports, then the virtio devices (NICs, then disks:
+    // the guest probes them in command-line order, so the first --disk is
+    // vda), each announced on the command line.
+    let virtio_configs = device_manager::virtio_configs(&cfg.nets, &cfg.disks)?;
+    let manifest =
+        device_manager::manifest(cfg.mem_bytes, u32::from(cfg.cpus), virtio_configs.clone());
+    let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), &exit)?;
+    dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
+    let announce = dm.announcement();
+    let (devices, subscribers) = dm.finish();
+    let entry = match start {
+        Start::Boot => Some(load_kernel(cfg, host, &announce, ram.mem())?),
+        _ => None,
+    };
+    let (vcpus, profiler, exits) = spawn_vcpus(&kvm, &fd, cfg, host, entry, &devices, &exit)?;
+    let device_thread = DeviceThread::spawn(subscribers)?;
+    device_thread.pause().map_err(VmError::DevicePause)?;
+    // Bound before the guest starts, so a bad path is a start-up error.
+    let api = match &cfg.api_sock {
+        Some(path) => Some(ApiServer::bind(path, Box::new(crate::control::NoControl))?),
+        None => None,
+    };
+    let handle = VmHandle(Arc::new(Core::paused(CoreParts {
+        fd,
+        ram,
+        vcpus,
+        devices,
+        device_thread,
+        exit,
+        exits,
+        profiler,
+        msr_indices,
+        manifest,
+    })));
+    let vm = Vm {
+        handle,
+        api,
+        metrics: cfg.metrics.clone(),
+        profile: cfg.profile.clone(),
+        start_paused: matches!(start, Start::Incoming),
+    };
+    if let Start::Restore(r) = start {
+        restore(&vm.handle, *r)?;
+    }
+    Ok(vm)
+}
+
+/// The KVM VM with its TSS, in-kernel irqchip and PIT.
+fn create_vm(kvm: &Kvm) -> Result<Arc<VmFd>, VmError> {
+    let vm = kvm.create_vm().map_err(kvm_op("create a VM"))?;
+    vm.set_tss_address(layout::KVM_TSS_ADDRESS)
+        .map_err(kvm_op("set the TSS address"))?;
+    vm.create_irq_chip()
+        .map_err(kvm_op("create the in-kernel irqchip"))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit)
+        .map_err(kvm_op("create the in-kernel PIT"))?;
+    Ok(Arc::new(vm))
+}
+
+/// Loads the kernel (and initrd) with the effective command line and the
+/// devices' announcement; returns the kernel's entry point.
+fn load_kernel(
+    cfg: &VmConfig,
+    host: HostKind,
+    announce: &str,
+    mem: &GuestMemoryMmap,
+) -> Result<u64, VmError> {
+    let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
+    log::info!("host: {host:?}; kernel command line: {cmdline}");
+    let info = boot::load(
+        mem,
+        &boot::BootSpec {
+            kernel: &cfg.kernel,
+            initrd: cfg.initrd.as_deref(),
+            cmdline: &cmdline,
+            num_cpus: cfg.cpus,
+        },
+    )?;
+    Ok(info.entry)
+}
+
+/// Creates and sets up every vCPU (CPUID, MSRs, LAPIC; the boot vCPU at
+/// `entry` on a boot) and starts its thread, stopped.
+fn spawn_vcpus(
+    kvm: &Kvm,
+    vm: &VmFd,
+    cfg: &VmConfig,
+    host: HostKind,
+    entry: Option<u64>,
+    devices: &Devices,
+    exit: &Arc<ExitSignal>,
+) -> Result<(Vcpus, Arc<Profiler>, Arc<ExitCounts>), VmError> {
+    let base_cpuid = cpuid::supported(kvm)?;
+    let kicks: Vec<Arc<ThreadKick>> = (0..cfg.cpus).map(|_| Arc::default()).collect();
+    let profiler = Arc::new(Profiler::new(kicks.clone()));
+    let exits = Arc::new(ExitCounts::default());
+    pause::install_kick_handler().map_err(VmError::Kick)?;
+    let mut handles = Vec::with_capacity(usize::from(cfg.cpus));
+    for (id, kick) in (0..cfg.cpus).zip(kicks) {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(kvm_op("create a vCPU"))?;
+        fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, id, cfg.cpus, host))
+            .map_err(kvm_op("set CPUID"))?;
+        cpu::setup_msrs(&fd)?;
+        if let (0, Some(entry)) = (id, entry) {
+            cpu::setup_boot_vcpu(&fd, &devices.mem, entry)?;
+        }
+        cpu::setup_lapic(&fd)?;
+        let vcpu = Vcpu {
+            fd,
+            id,
+            pio: devices.pio.clone(),
+            mmio: devices.mmio.clone(),
+            mem: devices.mem.clone(),
+            exit: exit.clone(),
+            kick,
+            profiler: profiler.clone(),
+            exits: exits.clone(),
+        };
+        handles.push(vcpu.spawn()?);
+    }
+    Ok((Vcpus::new(handles), profiler, exits))
+}
+
+/// Puts a verified snapshot into the new, paused VM: every device state is
+/// checked before memory is filled (a refused file starts nothing), then
+/// the state is applied as to any paused VM.
+fn restore(vm: &VmHandle, mut r: Restore) -> Result<(), VmError> {
+    vm.check_state(&r.state).map_err(VmError::Restore)?;
+    let stats = r.fill_memory(vm.memory())?;
+    log::info!("restore: {} pages of guest memory", stats.pages);
+    vm.apply_state(&r.state).map_err(VmError::Restore)
+}
