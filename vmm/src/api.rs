@@ -9,6 +9,8 @@
 //! {"cmd":"metrics"}                -> {"ok":true,"metrics":{...}}
 //! {"cmd":"shutdown"}               -> {"ok":true}, then the VMM exits (status 0)
 //! {"cmd":"snapshot","path":"F"}    -> {"ok":true,"path":"F","file_bytes":...}
+//! {"cmd":"revert","path":"F"}      -> {"ok":true,"pages":...,"ms":...,"state":...}
+//!                                     (back to snapshot F of this same VM)
 //! {"cmd":"profile_start","hz":N}   -> {"ok":true,"hz":N,...} (hz optional, default 1000)
 //! {"cmd":"profile_stop","path":"F"} -> {"ok":true,"samples":...,"top":[...],"table":"..."}
 //! {"cmd":"throttle","percent":N}   -> {"ok":true,"percent":N} (0 to 99; 0: off)
@@ -35,6 +37,8 @@ use std::time::Duration;
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+use crate::vm::VmOpError;
 
 /// The longest request line taken.
 pub const MAX_REQUEST: usize = 64 << 10;
@@ -91,6 +95,10 @@ pub enum Request {
     Metrics {},
     Shutdown {},
     Snapshot {
+        #[serde(deserialize_with = "field::path")]
+        path: PathBuf,
+    },
+    Revert {
         #[serde(deserialize_with = "field::path")]
         path: PathBuf,
     },
@@ -176,32 +184,37 @@ mod field {
     }
 }
 
-/// What the VM does for each verb. Errors are messages for the client.
+/// What the VM does for each verb. An error goes to the client as its
+/// one-line message.
 pub trait Control {
     /// State and facts about the VM (merged into the answer).
     fn status(&mut self) -> Value;
     /// Stops vCPUs and devices; returns how long it took, in ms.
-    fn pause(&mut self) -> Result<f64, String>;
-    fn resume(&mut self) -> Result<(), String>;
+    fn pause(&mut self) -> Result<f64, VmOpError>;
+    fn resume(&mut self) -> Result<(), VmOpError>;
     fn metrics(&mut self) -> Value;
     /// Asks the VM to end; the answer is sent before it does.
     fn shutdown(&mut self);
-    fn snapshot(&mut self, path: &Path) -> Result<Value, String>;
+    fn snapshot(&mut self, path: &Path) -> Result<Value, VmOpError>;
+    /// Takes the VM back to snapshot `path` of itself.
+    fn revert(&mut self, _path: &Path) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("revert"))
+    }
     /// Starts the guest profiler at `hz` samples per second.
-    fn profile_start(&mut self, _hz: u32) -> Result<Value, String> {
-        Err("profiling is not available".into())
+    fn profile_start(&mut self, _hz: u32) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("profiling"))
     }
     /// Stops the guest profiler and writes its folded stacks to `path`.
-    fn profile_stop(&mut self, _path: &Path) -> Result<Value, String> {
-        Err("profiling is not available".into())
+    fn profile_stop(&mut self, _path: &Path) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("profiling"))
     }
     /// Makes every vCPU sleep `percent` of each throttle window.
-    fn throttle(&mut self, _percent: u8) -> Result<Value, String> {
-        Err("throttling is not available".into())
+    fn throttle(&mut self, _percent: u8) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("throttling"))
     }
     /// Starts, reads or stops the dirty log of guest memory.
-    fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, String> {
-        Err("the dirty log is not available".into())
+    fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("the dirty log"))
     }
 }
 
@@ -224,47 +237,33 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         Ok(r) => r,
         Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
     };
-    let merge = |mut v: Value| {
-        if let Some(o) = v.as_object_mut() {
-            o.insert("ok".into(), Value::Bool(true));
+    let answer = |r: Result<Value, VmOpError>| match r {
+        Ok(mut v) => {
+            if let Some(o) = v.as_object_mut() {
+                o.insert("ok".into(), Value::Bool(true));
+            }
+            v
         }
-        v
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
     };
     match req {
-        Request::Status {} => merge(ctl.status()),
-        Request::Pause {} => match ctl.pause() {
-            Ok(ms) => json!({"ok": true, "state": "paused", "pause_ms": ms}),
-            Err(e) => json!({"ok": false, "error": e}),
-        },
-        Request::Resume {} => match ctl.resume() {
-            Ok(()) => json!({"ok": true, "state": "running"}),
-            Err(e) => json!({"ok": false, "error": e}),
-        },
-        Request::Metrics {} => json!({"ok": true, "metrics": ctl.metrics()}),
+        Request::Status {} => answer(Ok(ctl.status())),
+        Request::Pause {} => answer(
+            ctl.pause()
+                .map(|ms| json!({"state": "paused", "pause_ms": ms})),
+        ),
+        Request::Resume {} => answer(ctl.resume().map(|()| json!({"state": "running"}))),
+        Request::Metrics {} => answer(Ok(json!({"metrics": ctl.metrics()}))),
         Request::Shutdown {} => {
             ctl.shutdown();
             json!({"ok": true})
         }
-        Request::Snapshot { path } => match ctl.snapshot(&path) {
-            Ok(v) => merge(v),
-            Err(e) => json!({"ok": false, "error": e}),
-        },
-        Request::ProfileStart { hz } => match ctl.profile_start(hz) {
-            Ok(v) => merge(v),
-            Err(e) => json!({"ok": false, "error": e}),
-        },
-        Request::ProfileStop { path } => match ctl.profile_stop(&path) {
-            Ok(v) => merge(v),
-            Err(e) => json!({"ok": false, "error": e}),
-        },
-        Request::Throttle { percent } => match ctl.throttle(percent) {
-            Ok(v) => merge(v),
-            Err(e) => json!({"ok": false, "error": e}),
-        },
-        Request::DirtyLog { action } => match ctl.dirty_log(action) {
-            Ok(v) => merge(v),
-            Err(e) => json!({"ok": false, "error": e}),
-        },
+        Request::Snapshot { path } => answer(ctl.snapshot(&path)),
+        Request::Revert { path } => answer(ctl.revert(&path)),
+        Request::ProfileStart { hz } => answer(ctl.profile_start(hz)),
+        Request::ProfileStop { path } => answer(ctl.profile_stop(&path)),
+        Request::Throttle { percent } => answer(ctl.throttle(percent)),
+        Request::DirtyLog { action } => answer(ctl.dirty_log(action)),
     }
 }
 
@@ -467,16 +466,16 @@ mod tests {
         fn status(&mut self) -> Value {
             json!({"state": if self.paused {"paused"} else {"running"}})
         }
-        fn pause(&mut self) -> Result<f64, String> {
+        fn pause(&mut self) -> Result<f64, VmOpError> {
             if self.paused {
-                return Err("already paused".into());
+                return Err(VmOpError::AlreadyPaused);
             }
             self.paused = true;
             Ok(1.0)
         }
-        fn resume(&mut self) -> Result<(), String> {
+        fn resume(&mut self) -> Result<(), VmOpError> {
             if !self.paused {
-                return Err("not paused".into());
+                return Err(VmOpError::NotPaused);
             }
             self.paused = false;
             Ok(())
@@ -487,8 +486,8 @@ mod tests {
         fn shutdown(&mut self) {
             self.shutdown = true;
         }
-        fn snapshot(&mut self, _: &Path) -> Result<Value, String> {
-            Err("not supported".into())
+        fn snapshot(&mut self, _: &Path) -> Result<Value, VmOpError> {
+            Err(VmOpError::Unavailable("snapshots"))
         }
     }
 
@@ -506,7 +505,7 @@ mod tests {
         );
         let again = handle_line(br#"{"cmd":"pause"}"#, &mut f);
         assert_eq!(again["ok"], false);
-        assert_eq!(again["error"], "already paused");
+        assert_eq!(again["error"], "the VM is already paused");
         assert_eq!(handle_line(br#"{"cmd":"resume"}"#, &mut f)["ok"], true);
         assert_eq!(
             handle_line(br#"{"cmd":"metrics"}"#, &mut f)["metrics"]["net"],

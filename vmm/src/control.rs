@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::api::{Control, DirtyLogAction};
 use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
 use crate::profile;
-use crate::vm::VmHandle;
+use crate::vm::{VmHandle, VmOpError};
 
 /// The VM as the control API sees it.
 pub struct VmControl {
@@ -47,13 +47,13 @@ impl Control for VmControl {
         })
     }
 
-    fn pause(&mut self) -> Result<f64, String> {
-        let took = self.vm.pause().map_err(|e| e.to_string())?;
+    fn pause(&mut self) -> Result<f64, VmOpError> {
+        let took = self.vm.pause()?;
         Ok(took.as_secs_f64() * 1000.0)
     }
 
-    fn resume(&mut self) -> Result<(), String> {
-        self.vm.resume().map_err(|e| e.to_string())
+    fn resume(&mut self) -> Result<(), VmOpError> {
+        self.vm.resume()
     }
 
     fn metrics(&mut self) -> Value {
@@ -64,8 +64,8 @@ impl Control for VmControl {
         self.vm.shutdown();
     }
 
-    fn snapshot(&mut self, path: &Path) -> Result<Value, String> {
-        let done = self.vm.snapshot(path).map_err(|e| e.to_string())?;
+    fn snapshot(&mut self, path: &Path) -> Result<Value, VmOpError> {
+        let done = self.vm.snapshot(path)?;
         log::info!(
             "snapshot {}: {} bytes ({} of memory) in {:.0} ms",
             path.display(),
@@ -82,18 +82,32 @@ impl Control for VmControl {
         }))
     }
 
-    fn profile_start(&mut self, hz: u32) -> Result<Value, String> {
-        self.vm.profiler().start(hz).map_err(|e| e.to_string())?;
+    fn revert(&mut self, path: &Path) -> Result<Value, VmOpError> {
+        let done = self.vm.revert(path)?;
+        log::info!(
+            "revert to {}: {} pages in {:.0} ms",
+            path.display(),
+            done.pages,
+            done.ms
+        );
+        Ok(json!({
+            "path": path,
+            "pages": done.pages,
+            "ms": done.ms,
+            "state": if done.was_running { "running" } else { "paused" },
+        }))
+    }
+
+    fn profile_start(&mut self, hz: u32) -> Result<Value, VmOpError> {
+        self.vm.profiler().start(hz)?;
         Ok(json!({"hz": hz, "symbols": self.symbols}))
     }
 
-    fn profile_stop(&mut self, path: &Path) -> Result<Value, String> {
-        let prof = self.vm.profiler().stop().map_err(|e| e.to_string())?;
-        let summary = prof
-            .write(path, self.symbols.as_deref())
-            .map_err(|e| e.to_string())?;
+    fn profile_stop(&mut self, path: &Path) -> Result<Value, VmOpError> {
+        let prof = self.vm.profiler().stop()?;
+        let summary = prof.write(path, self.symbols.as_deref())?;
         log::info!("{}", summary.text());
-        let mut v = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
+        let mut v = serde_json::to_value(&summary).map_err(VmOpError::Encode)?;
         if let Some(o) = v.as_object_mut() {
             o.insert(
                 "table".into(),
@@ -103,22 +117,22 @@ impl Control for VmControl {
         Ok(v)
     }
 
-    fn throttle(&mut self, percent: u8) -> Result<Value, String> {
-        self.vm.throttle(percent).map_err(|e| e.to_string())?;
+    fn throttle(&mut self, percent: u8) -> Result<Value, VmOpError> {
+        self.vm.throttle(percent)?;
         Ok(json!({"percent": percent}))
     }
 
-    fn dirty_log(&mut self, action: DirtyLogAction) -> Result<Value, String> {
+    fn dirty_log(&mut self, action: DirtyLogAction) -> Result<Value, VmOpError> {
         let ram = self.vm.ram().clone();
         match action {
             DirtyLogAction::Start => {
-                ram.start_dirty_log().map_err(|e| e.to_string())?;
+                ram.start_dirty_log()?;
                 self.dirty_since = Some(Instant::now());
                 Ok(json!({"logging": true, "pages": ram.bytes() / PAGE_SIZE}))
             }
             DirtyLogAction::Read => self.dirty_read(&ram),
             DirtyLogAction::Stop => {
-                ram.stop_dirty_log().map_err(|e| e.to_string())?;
+                ram.stop_dirty_log()?;
                 self.dirty_since = None;
                 Ok(json!({"logging": false}))
             }
@@ -129,12 +143,12 @@ impl Control for VmControl {
 impl VmControl {
     /// `dirty_log read`: the pages written since the log started or was
     /// last read, by source, then reset.
-    fn dirty_read(&mut self, ram: &GuestRam) -> Result<Value, String> {
+    fn dirty_read(&mut self, ram: &GuestRam) -> Result<Value, VmOpError> {
         if !ram.logging() {
-            return Err("the dirty log is off (dirty_log start)".into());
+            return Err(VmOpError::DirtyLogOff);
         }
-        let slots = ram.harvest().map_err(|e| e.to_string())?;
-        ram.clear_all().map_err(|e| e.to_string())?;
+        let slots = ram.harvest()?;
+        ram.clear_all()?;
         let now = Instant::now();
         let seconds = self
             .dirty_since
@@ -162,17 +176,17 @@ impl Control for NoControl {
     fn status(&mut self) -> Value {
         json!({"state": "starting"})
     }
-    fn pause(&mut self) -> Result<f64, String> {
-        Err("the VM is starting".into())
+    fn pause(&mut self) -> Result<f64, VmOpError> {
+        Err(VmOpError::Starting)
     }
-    fn resume(&mut self) -> Result<(), String> {
-        Err("the VM is starting".into())
+    fn resume(&mut self) -> Result<(), VmOpError> {
+        Err(VmOpError::Starting)
     }
     fn metrics(&mut self) -> Value {
         json!({})
     }
     fn shutdown(&mut self) {}
-    fn snapshot(&mut self, _: &Path) -> Result<Value, String> {
-        Err("the VM is starting".into())
+    fn snapshot(&mut self, _: &Path) -> Result<Value, VmOpError> {
+        Err(VmOpError::Starting)
     }
 }

@@ -40,7 +40,7 @@ Example: printf 'uname -r\\nreboot -f\\n' | tandem run")]
     /// Send a request to a running VM's control API and print the answer
     /// (JSON). Exit status 0 when the request succeeded, 1 otherwise.
     #[command(after_help = "\
-Verbs: status, pause, resume, metrics, shutdown, snapshot PATH, \
+Verbs: status, pause, resume, metrics, shutdown, snapshot PATH, revert PATH, \
 profile-start [--hz N], profile-stop PATH, dirty-log start|read|stop, \
 throttle PERCENT.
 
@@ -74,6 +74,15 @@ enum Verb {
     /// the file: keep the images as they are (or copy them) for the restore.
     Snapshot {
         /// The snapshot file to write.
+        path: PathBuf,
+    },
+    /// Take the running VM back to a snapshot of itself (written by
+    /// `snapshot` from this same VM): memory, vCPUs and devices as they were
+    /// then; a running VM runs on from there, a paused one stays paused. The
+    /// file is verified whole before the VM is touched. Disks are not
+    /// reverted (as with a restore).
+    Revert {
+        /// The snapshot file.
         path: PathBuf,
     },
     /// Start sampling where the guest's vCPUs spend their time (see
@@ -226,6 +235,11 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// `path` made absolute (as it is, if that fails).
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 fn run_ctl(args: CtlArgs) -> ExitCode {
     use vmm::api::Request;
     let req = match &args.verb {
@@ -234,11 +248,16 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
         Verb::Resume => Request::Resume {},
         Verb::Metrics => Request::Metrics {},
         Verb::Shutdown => Request::Shutdown {},
-        Verb::Snapshot { path } => Request::Snapshot { path: path.clone() },
+        // The VMM opens the file: give it a path that means the same there.
+        Verb::Snapshot { path } => Request::Snapshot {
+            path: absolute(path),
+        },
+        Verb::Revert { path } => Request::Revert {
+            path: absolute(path),
+        },
         Verb::ProfileStart { hz } => Request::ProfileStart { hz: *hz },
         Verb::ProfileStop { path, .. } => Request::ProfileStop {
-            // The VMM writes the file: give it a path that means the same there.
-            path: std::path::absolute(path).unwrap_or_else(|_| path.clone()),
+            path: absolute(path),
         },
         Verb::Throttle { percent } => Request::Throttle { percent: *percent },
         Verb::DirtyLog { action } => Request::DirtyLog { action: *action },

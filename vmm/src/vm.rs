@@ -67,6 +67,14 @@ pub enum VmOpError {
     Profile(#[from] ProfileError),
     #[error("the state is not this VM's: {0}")]
     Foreign(String),
+    #[error("the VM is starting")]
+    Starting,
+    #[error("{0} is not available")]
+    Unavailable(&'static str),
+    #[error("the dirty log is off (dirty_log start)")]
+    DirtyLogOff,
+    #[error("cannot encode the answer: {0}")]
+    Encode(#[source] serde_json::Error),
 }
 
 /// Opens /dev/kvm with a message that says what to do.
