@@ -1,7 +1,7 @@
 //! The control API: a Unix socket (`tandem run --api-sock PATH`) that takes
 //! one JSON request per line and answers each with one JSON line.
 //!
-//! Requests (`cmd` selects the verb; unknown fields are refused):
+//! Requests ([`Request`]: `cmd` selects the verb; unknown fields are refused):
 //! ```text
 //! {"cmd":"status"}                 -> {"ok":true,"state":"running"|"paused",...}
 //! {"cmd":"pause"}                  -> {"ok":true,"state":"paused","pause_ms":...}
@@ -18,67 +18,161 @@
 //! Any failure is `{"ok":false,"error":"..."}`; a malformed request, an
 //! oversized line or a client that goes away never affects the VM.
 //!
+//! The same [`Request`] type is what `tandem ctl` serializes ([`request`]),
+//! so the server and its client cannot disagree on the wire format.
+//!
 //! Runs on the VMM thread as an event-manager subscriber; the work of each
-//! verb is done by a [`Control`] that the VM provides.
+//! verb is done by a [`Control`] that the VM provides. Never here: a panic
+//! or an allocation beyond [`MAX_REQUEST`] per client on what a client sends.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// The longest request line taken.
 pub const MAX_REQUEST: usize = 64 << 10;
+/// The longest answer line `tandem ctl` reads.
+const MAX_ANSWER: u64 = 64 << 20;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_CLIENTS: usize = 16;
 const LISTENER: u32 = u32::MAX;
 
-/// API errors (setting up the socket; requests fail with JSON errors).
+/// API errors: setting up the socket, parsing a request (the server answers
+/// those with JSON errors), and the client's side of a request.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("--api-sock {path}: {err}")]
     Bind { path: PathBuf, err: std::io::Error },
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    #[error("cannot encode the request: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("cannot connect to {path}: {source}")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot send the request: {0}")]
+    Send(#[source] std::io::Error),
+    #[error("no answer: {0}")]
+    NoAnswer(#[source] std::io::Error),
+    #[error("no answer: the VMM closed the connection")]
+    Closed,
+    #[error("answer longer than {MAX_ANSWER} bytes")]
+    AnswerTooLong,
+    #[error("unreadable answer: {0}")]
+    Answer(#[source] serde_json::Error),
 }
 
-/// One request.
-#[derive(Debug, PartialEq, Eq)]
+/// One request: a JSON object whose `cmd` names the variant (snake case)
+/// and whose other keys are exactly that variant's fields.
+///
+/// The verbs without fields are empty struct variants (`Status {}`), not
+/// unit variants: serde's internally tagged enums ignore unknown keys beside
+/// a unit variant even under `deny_unknown_fields`, and refuse them beside
+/// a struct variant (tested below). Fields are checked as they are read
+/// (non-empty paths, rates and percentages in range), each error naming its
+/// field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    Status,
-    Pause,
-    Resume,
-    Metrics,
-    Shutdown,
-    Snapshot { path: PathBuf },
-    ProfileStart { hz: u32 },
-    ProfileStop { path: PathBuf },
-    DirtyLog { action: DirtyLogAction },
-    Throttle { percent: u8 },
+    Status {},
+    Pause {},
+    Resume {},
+    Metrics {},
+    Shutdown {},
+    Snapshot {
+        #[serde(deserialize_with = "field::path")]
+        path: PathBuf,
+    },
+    ProfileStart {
+        #[serde(default = "field::default_hz", deserialize_with = "field::hz")]
+        hz: u32,
+    },
+    ProfileStop {
+        #[serde(deserialize_with = "field::path")]
+        path: PathBuf,
+    },
+    DirtyLog {
+        #[serde(deserialize_with = "field::action")]
+        action: DirtyLogAction,
+    },
+    Throttle {
+        #[serde(deserialize_with = "field::percent")]
+        percent: u8,
+    },
 }
 
 /// What `dirty_log` does: turn KVM's dirty log on, read (and reset) what
 /// was written since the last read, or turn it off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
 pub enum DirtyLogAction {
     Start,
     Read,
     Stop,
 }
 
-impl DirtyLogAction {
-    /// `start`, `read` or `stop`.
-    pub fn parse(s: &str) -> Result<DirtyLogAction, String> {
-        match s {
-            "start" => Ok(DirtyLogAction::Start),
-            "read" => Ok(DirtyLogAction::Read),
-            "stop" => Ok(DirtyLogAction::Stop),
-            other => Err(format!(
-                "dirty_log: \"action\" is start, read or stop, not {other:?}"
-            )),
+/// The checks of [`Request`]'s fields, as serde `deserialize_with` functions.
+mod field {
+    use std::fmt::Display;
+    use std::path::PathBuf;
+
+    use serde::de::{Deserialize, Deserializer, Error};
+
+    /// `T`, with an error that names `name` (serde's own messages inside an
+    /// internally tagged enum do not say which field they are about).
+    fn named<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        name: &str,
+        d: D,
+    ) -> Result<T, D::Error> {
+        T::deserialize(d).map_err(|e| invalid::<D>(name, e))
+    }
+
+    fn invalid<'de, D: Deserializer<'de>>(name: &str, what: impl Display) -> D::Error {
+        D::Error::custom(format_args!("\"{name}\": {what}"))
+    }
+
+    /// A non-empty path.
+    pub fn path<'de, D: Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+        let p: PathBuf = named("path", d)?;
+        if p.as_os_str().is_empty() {
+            return Err(invalid::<D>("path", "must not be empty"));
         }
+        Ok(p)
+    }
+
+    pub fn default_hz() -> u32 {
+        crate::profile::DEFAULT_HZ
+    }
+
+    /// A sampling rate the profiler takes.
+    pub fn hz<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        let hz: u32 = named("hz", d)?;
+        crate::profile::check_hz(hz).map_err(|e| invalid::<D>("hz", e))
+    }
+
+    /// 0 to [`crate::vcpu::MAX_THROTTLE`].
+    pub fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<u8, D::Error> {
+        let max = crate::vcpu::MAX_THROTTLE;
+        let n: u64 = named("percent", d)?;
+        u8::try_from(n)
+            .ok()
+            .filter(|&p| p <= max)
+            .ok_or_else(|| invalid::<D>("percent", format_args!("{n} is not 0 to {max}")))
+    }
+
+    pub fn action<'de, D: Deserializer<'de>>(d: D) -> Result<super::DirtyLogAction, D::Error> {
+        named("action", d)
     }
 }
 
@@ -111,89 +205,16 @@ pub trait Control {
     }
 }
 
-/// A non-empty `path` string field of `obj`.
-fn path_field(obj: &serde_json::Map<String, Value>, cmd: &str) -> Result<PathBuf, String> {
-    obj.get("path")
-        .and_then(Value::as_str)
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .ok_or_else(|| format!("{cmd} needs a \"path\" string"))
-}
-
 impl Request {
     /// Parses one request: a JSON object with `cmd` and exactly the fields
     /// that verb takes.
-    pub fn parse(line: &[u8]) -> Result<Request, String> {
-        let v: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
-        let obj = v.as_object().ok_or("not a JSON object")?;
-        let cmd = obj
-            .get("cmd")
-            .and_then(Value::as_str)
-            .ok_or("no \"cmd\" string")?;
-        let (req, fields): (Request, &[&str]) = match cmd {
-            "status" => (Request::Status, &[]),
-            "pause" => (Request::Pause, &[]),
-            "resume" => (Request::Resume, &[]),
-            "metrics" => (Request::Metrics, &[]),
-            "shutdown" => (Request::Shutdown, &[]),
-            "snapshot" => (
-                Request::Snapshot {
-                    path: path_field(obj, cmd)?,
-                },
-                &["path"],
-            ),
-            "profile_start" => {
-                let hz = match obj.get("hz") {
-                    None => crate::profile::DEFAULT_HZ,
-                    Some(v) => v
-                        .as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .ok_or("profile_start: \"hz\" must be a whole number")?,
-                };
-                let hz = crate::profile::check_hz(hz).map_err(|e| e.to_string())?;
-                (Request::ProfileStart { hz }, &["hz"])
-            }
-            "profile_stop" => (
-                Request::ProfileStop {
-                    path: path_field(obj, cmd)?,
-                },
-                &["path"],
-            ),
-            "dirty_log" => {
-                let action = obj
-                    .get("action")
-                    .and_then(Value::as_str)
-                    .ok_or("dirty_log needs an \"action\" string")?;
-                (
-                    Request::DirtyLog {
-                        action: DirtyLogAction::parse(action)?,
-                    },
-                    &["action"],
-                )
-            }
-            "throttle" => {
-                let percent = obj
-                    .get("percent")
-                    .and_then(Value::as_u64)
-                    .and_then(|n| u8::try_from(n).ok())
-                    .filter(|&p| p <= crate::vcpu::MAX_THROTTLE)
-                    .ok_or_else(|| {
-                        format!(
-                            "throttle needs a \"percent\" from 0 to {}",
-                            crate::vcpu::MAX_THROTTLE
-                        )
-                    })?;
-                (Request::Throttle { percent }, &["percent"])
-            }
-            other => return Err(format!("unknown cmd {other:?}")),
-        };
-        if let Some(k) = obj
-            .keys()
-            .find(|k| *k != "cmd" && !fields.contains(&k.as_str()))
-        {
-            return Err(format!("{cmd} takes no field {k:?}"));
+    pub fn parse(line: &[u8]) -> Result<Request, ApiError> {
+        // Serde's internally tagged enums also take a sequence (tag first):
+        // the wire format is objects only.
+        if line.trim_ascii_start().first() != Some(&b'{') {
+            return Err(ApiError::NotObject);
         }
-        Ok(req)
+        serde_json::from_slice(line).map_err(ApiError::Json)
     }
 }
 
@@ -210,17 +231,17 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         v
     };
     match req {
-        Request::Status => merge(ctl.status()),
-        Request::Pause => match ctl.pause() {
+        Request::Status {} => merge(ctl.status()),
+        Request::Pause {} => match ctl.pause() {
             Ok(ms) => json!({"ok": true, "state": "paused", "pause_ms": ms}),
             Err(e) => json!({"ok": false, "error": e}),
         },
-        Request::Resume => match ctl.resume() {
+        Request::Resume {} => match ctl.resume() {
             Ok(()) => json!({"ok": true, "state": "running"}),
             Err(e) => json!({"ok": false, "error": e}),
         },
-        Request::Metrics => json!({"ok": true, "metrics": ctl.metrics()}),
-        Request::Shutdown => {
+        Request::Metrics {} => json!({"ok": true, "metrics": ctl.metrics()}),
+        Request::Shutdown {} => {
             ctl.shutdown();
             json!({"ok": true})
         }
@@ -409,22 +430,27 @@ impl MutEventSubscriber for ApiServer {
 }
 
 /// The client side (`tandem ctl`): sends one request, returns the answer.
-pub fn request(path: &Path, req: &Value) -> Result<Value, String> {
-    let mut s = UnixStream::connect(path)
-        .map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
+pub fn request(path: &Path, req: &Request) -> Result<Value, ApiError> {
+    let mut line = serde_json::to_vec(req).map_err(ApiError::Encode)?;
+    line.push(b'\n');
+    let mut s = UnixStream::connect(path).map_err(|source| ApiError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
-    writeln!(s, "{req}").map_err(|e| format!("cannot send the request: {e}"))?;
+    s.write_all(&line).map_err(ApiError::Send)?;
     let mut answer = Vec::new();
-    let mut byte = [0u8; 1];
-    loop {
-        match s.read(&mut byte) {
-            Ok(0) => break,
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) => answer.push(byte[0]),
-            Err(e) => return Err(format!("no answer: {e}")),
-        }
+    BufReader::new(s)
+        .take(MAX_ANSWER)
+        .read_until(b'\n', &mut answer)
+        .map_err(ApiError::NoAnswer)?;
+    match answer.last() {
+        None => return Err(ApiError::Closed),
+        Some(b'\n') => {}
+        Some(_) if answer.len() as u64 >= MAX_ANSWER => return Err(ApiError::AnswerTooLong),
+        Some(_) => {}
     }
-    serde_json::from_slice(&answer).map_err(|e| format!("unreadable answer: {e}"))
+    serde_json::from_slice(&answer).map_err(ApiError::Answer)
 }
 
 #[cfg(test)]
@@ -491,24 +517,24 @@ mod tests {
             false
         );
         assert_eq!(
-            Request::parse(br#"{"cmd":"profile_start"}"#),
-            Ok(Request::ProfileStart { hz: 1000 })
+            Request::parse(br#"{"cmd":"profile_start"}"#).unwrap(),
+            Request::ProfileStart { hz: 1000 }
         );
         assert_eq!(
-            Request::parse(br#"{"cmd":"profile_start","hz":250}"#),
-            Ok(Request::ProfileStart { hz: 250 })
+            Request::parse(br#"{"cmd":"profile_start","hz":250}"#).unwrap(),
+            Request::ProfileStart { hz: 250 }
         );
         let a = handle_line(br#"{"cmd":"profile_stop","path":"/tmp/p"}"#, &mut f);
         assert_eq!(a["error"], "profiling is not available");
         assert_eq!(
-            Request::parse(br#"{"cmd":"dirty_log","action":"read"}"#),
-            Ok(Request::DirtyLog {
+            Request::parse(br#"{"cmd":"dirty_log","action":"read"}"#).unwrap(),
+            Request::DirtyLog {
                 action: DirtyLogAction::Read
-            })
+            }
         );
         assert_eq!(
-            Request::parse(br#"{"cmd":"throttle","percent":60}"#),
-            Ok(Request::Throttle { percent: 60 })
+            Request::parse(br#"{"cmd":"throttle","percent":60}"#).unwrap(),
+            Request::Throttle { percent: 60 }
         );
         let a = handle_line(br#"{"cmd":"dirty_log","action":"start"}"#, &mut f);
         assert_eq!(a["error"], "the dirty log is not available");
@@ -542,11 +568,147 @@ mod tests {
             b"{\"cmd\":\"dirty_log\",\"action\":1}",
             b"{\"cmd\":\"profile_stop\",\"path\":\"x\",\"hz\":1}",
             b"\xff\xfe",
+            b"[\"status\"]",
+            b"[\"snapshot\",\"/tmp/x\"]",
+            b"{\"cmd\":\"status\",\"cmd\":\"pause\"}",
+            b"{\"cmd\":\"snapshot\",\"path\":\"a\",\"path\":\"b\"}",
+            b"{\"cmd\":\"status\"} {\"cmd\":\"pause\"}",
+            b"{\"cmd\":\"throttle\",\"percent\":1.5}",
+            b"{\"cmd\":\"throttle\",\"percent\":null}",
         ] {
             let a = handle_line(bad, &mut f);
             assert_eq!(a["ok"], false, "{}", String::from_utf8_lossy(bad));
             assert!(a["error"].as_str().unwrap().starts_with("bad request"));
         }
         assert!(!f.paused && !f.shutdown);
+    }
+
+    /// `tandem ctl` serializes the same type: the wire format of each verb.
+    #[test]
+    fn requests_serialize_to_the_documented_lines_and_back() {
+        for (req, line) in [
+            (Request::Status {}, r#"{"cmd":"status"}"#),
+            (Request::Pause {}, r#"{"cmd":"pause"}"#),
+            (Request::Resume {}, r#"{"cmd":"resume"}"#),
+            (Request::Metrics {}, r#"{"cmd":"metrics"}"#),
+            (Request::Shutdown {}, r#"{"cmd":"shutdown"}"#),
+            (
+                Request::Snapshot {
+                    path: "/tmp/s".into(),
+                },
+                r#"{"cmd":"snapshot","path":"/tmp/s"}"#,
+            ),
+            (
+                Request::ProfileStart { hz: 1000 },
+                r#"{"cmd":"profile_start","hz":1000}"#,
+            ),
+            (
+                Request::ProfileStop {
+                    path: "/tmp/p".into(),
+                },
+                r#"{"cmd":"profile_stop","path":"/tmp/p"}"#,
+            ),
+            (
+                Request::DirtyLog {
+                    action: DirtyLogAction::Stop,
+                },
+                r#"{"cmd":"dirty_log","action":"stop"}"#,
+            ),
+            (
+                Request::Throttle { percent: 99 },
+                r#"{"cmd":"throttle","percent":99}"#,
+            ),
+        ] {
+            assert_eq!(serde_json::to_string(&req).unwrap(), line);
+            assert_eq!(Request::parse(line.as_bytes()).unwrap(), req, "{line}");
+            // Whitespace and key order are free.
+            let spaced = format!(" {} ", line.replace(',', " , "));
+            assert_eq!(Request::parse(spaced.as_bytes()).unwrap(), req, "{spaced}");
+        }
+        assert_eq!(
+            Request::parse(br#"{"path":"/x","cmd":"snapshot"}"#).unwrap(),
+            Request::Snapshot { path: "/x".into() }
+        );
+    }
+
+    /// `deny_unknown_fields` holds for every variant of the internally
+    /// tagged enum, with fields and without, wherever the stray key is.
+    #[test]
+    fn every_verb_refuses_a_field_it_does_not_take() {
+        for line in [
+            r#"{"cmd":"status","bogus":1}"#,
+            r#"{"bogus":1,"cmd":"pause"}"#,
+            r#"{"cmd":"resume","bogus":null}"#,
+            r#"{"cmd":"metrics","bogus":{}}"#,
+            r#"{"cmd":"shutdown","bogus":"now"}"#,
+            r#"{"cmd":"snapshot","path":"/x","bogus":1}"#,
+            r#"{"cmd":"profile_start","bogus":1}"#,
+            r#"{"cmd":"profile_stop","bogus":1,"path":"/x"}"#,
+            r#"{"cmd":"dirty_log","action":"read","bogus":1}"#,
+            r#"{"cmd":"throttle","percent":1,"bogus":1}"#,
+        ] {
+            let e = Request::parse(line.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("unknown field `bogus`"), "{line}: {e}");
+        }
+    }
+
+    /// Each refused field is named in the error.
+    #[test]
+    fn field_errors_name_the_field() {
+        for (line, expect) in [
+            (r#"{"cmd":"snapshot"}"#, "missing field `path`"),
+            (
+                r#"{"cmd":"snapshot","path":""}"#,
+                "\"path\": must not be empty",
+            ),
+            (
+                r#"{"cmd":"snapshot","path":1}"#,
+                "\"path\": invalid type: integer",
+            ),
+            (
+                r#"{"cmd":"profile_stop","path":[]}"#,
+                "\"path\": invalid type",
+            ),
+            (
+                r#"{"cmd":"profile_start","hz":0}"#,
+                "\"hz\": sampling rate must be 1 to",
+            ),
+            (
+                r#"{"cmd":"profile_start","hz":"fast"}"#,
+                "\"hz\": invalid type: string",
+            ),
+            (
+                r#"{"cmd":"profile_start","hz":-1}"#,
+                "\"hz\": invalid value",
+            ),
+            (r#"{"cmd":"throttle"}"#, "missing field `percent`"),
+            (
+                r#"{"cmd":"throttle","percent":100}"#,
+                "\"percent\": 100 is not 0 to 99",
+            ),
+            (
+                r#"{"cmd":"throttle","percent":256}"#,
+                "\"percent\": 256 is not 0 to 99",
+            ),
+            (
+                r#"{"cmd":"throttle","percent":-5}"#,
+                "\"percent\": invalid value",
+            ),
+            (r#"{"cmd":"dirty_log"}"#, "missing field `action`"),
+            (
+                r#"{"cmd":"dirty_log","action":"clear"}"#,
+                "\"action\": unknown variant `clear`, expected one of `start`, `read`, `stop`",
+            ),
+            (r#"{"cmd":"reboot"}"#, "unknown variant `reboot`"),
+            (r#"{"cmd":7}"#, "invalid type: integer `7`"),
+            (r#"{}"#, "missing field `cmd`"),
+            (r#"["status"]"#, "not a JSON object"),
+        ] {
+            let e = Request::parse(line.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains(expect), "{line}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+        let a = handle_line(br#"{"cmd":"throttle","percent":100}"#, &mut Fake::default());
+        assert_eq!(a["error"], "bad request: \"percent\": 100 is not 0 to 99");
     }
 }

@@ -105,8 +105,7 @@ enum Verb {
     /// emulation) and resets it, `stop` turns it off.
     DirtyLog {
         /// start, read or stop.
-        #[arg(value_parser = ["start", "read", "stop"])]
-        action: String,
+        action: vmm::api::DirtyLogAction,
     },
 }
 
@@ -228,21 +227,21 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 fn run_ctl(args: CtlArgs) -> ExitCode {
+    use vmm::api::Request;
     let req = match &args.verb {
-        Verb::Status => serde_json::json!({"cmd": "status"}),
-        Verb::Pause => serde_json::json!({"cmd": "pause"}),
-        Verb::Resume => serde_json::json!({"cmd": "resume"}),
-        Verb::Metrics => serde_json::json!({"cmd": "metrics"}),
-        Verb::Shutdown => serde_json::json!({"cmd": "shutdown"}),
-        Verb::Snapshot { path } => serde_json::json!({"cmd": "snapshot", "path": path}),
-        Verb::ProfileStart { hz } => serde_json::json!({"cmd": "profile_start", "hz": hz}),
-        Verb::ProfileStop { path, .. } => {
+        Verb::Status => Request::Status {},
+        Verb::Pause => Request::Pause {},
+        Verb::Resume => Request::Resume {},
+        Verb::Metrics => Request::Metrics {},
+        Verb::Shutdown => Request::Shutdown {},
+        Verb::Snapshot { path } => Request::Snapshot { path: path.clone() },
+        Verb::ProfileStart { hz } => Request::ProfileStart { hz: *hz },
+        Verb::ProfileStop { path, .. } => Request::ProfileStop {
             // The VMM writes the file: give it a path that means the same there.
-            let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-            serde_json::json!({"cmd": "profile_stop", "path": path})
-        }
-        Verb::Throttle { percent } => serde_json::json!({"cmd": "throttle", "percent": percent}),
-        Verb::DirtyLog { action } => serde_json::json!({"cmd": "dirty_log", "action": action}),
+            path: std::path::absolute(path).unwrap_or_else(|_| path.clone()),
+        },
+        Verb::Throttle { percent } => Request::Throttle { percent: *percent },
+        Verb::DirtyLog { action } => Request::DirtyLog { action: *action },
     };
     let table = matches!(args.verb, Verb::ProfileStop { json: false, .. });
     match vmm::api::request(&args.api_sock, &req) {
