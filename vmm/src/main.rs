@@ -106,7 +106,7 @@ enum Verb {
     /// the pages written since the last read (by the vCPUs and by device
     /// emulation) and resets it, `stop` turns it off.
     DirtyLog {
-        /// start, read or stop.
+        /// What to do with the log.
         action: vmm::api::DirtyLogAction,
     },
 }
