@@ -166,3 +166,50 @@ fn no_permission_on_kvm_device() {
         .expect("setpriv");
     assert_one_line_error(&out, "permission denied");
 }
+
+#[test]
+fn config_files() {
+    // An unknown key, in either format, is named with the file.
+    let json = scratch("bad.json", br#"{"cpus": 1, "bogus": true}"#);
+    let out = run(&["--config", json.to_str().unwrap()]);
+    assert_one_line_error(
+        &out,
+        &format!("--config {}: bogus: unknown field `bogus`", json.display()),
+    );
+    let toml = scratch(
+        "bad.toml",
+        b"mem = \"128M\"\n\n[[net]]\ntap = \"t0\"\nmtu = 9000\n",
+    );
+    let out = run(&["--config", toml.to_str().unwrap()]);
+    assert_one_line_error(
+        &out,
+        "net[0].mtu: unknown field `mtu`, expected one of `tap`, `mac`, `sndbuf`, `rsc`, `rsc_interval_us` at line 5 column 1",
+    );
+    // A bad value or type names the key.
+    let cpus = scratch("cpus.toml", b"cpus = \"two\"\n");
+    let out = run(&["--config", cpus.to_str().unwrap()]);
+    assert_one_line_error(&out, "cpus: invalid type: string \"two\"");
+    let out = run(&["--config", "/nonexistent/vm.toml"]);
+    assert_one_line_error(&out, "--config /nonexistent/vm.toml: No such file");
+    // The file's values reach the VM's checks; the command line's win.
+    let big = scratch("big.json", br#"{"mem": "100T"}"#);
+    let out = run(&["--kernel", &kernel(), "--config", big.to_str().unwrap()]);
+    assert_one_line_error(&out, "more than this host has");
+    let k = scratch("kernel.toml", b"kernel = \"/nonexistent/from-file\"\n");
+    let out = run(&["--config", k.to_str().unwrap()]);
+    assert_one_line_error(&out, "cannot open kernel /nonexistent/from-file");
+    let out = run(&[
+        "--config",
+        k.to_str().unwrap(),
+        "--kernel",
+        "/nonexistent/from-cli",
+    ]);
+    assert_one_line_error(&out, "cannot open kernel /nonexistent/from-cli");
+    // A restore in the file takes no boot option.
+    let r = scratch("restore.toml", b"restore = \"/nonexistent/snap\"\n");
+    let out = run(&["--config", r.to_str().unwrap(), "--kernel", &kernel()]);
+    assert_one_line_error(
+        &out,
+        "--kernel is for booting and cannot be used with 'restore'",
+    );
+}

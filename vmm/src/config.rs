@@ -114,6 +114,11 @@ pub fn parse_cpus(s: &str, limit: u8) -> Result<u8, ConfigError> {
         .trim()
         .parse()
         .map_err(|_| ConfigError::CpusParse(s.to_string()))?;
+    check_cpus(n, limit)
+}
+
+/// Checks a vCPU count, 1 to `limit`.
+pub fn check_cpus(n: u64, limit: u8) -> Result<u8, ConfigError> {
     if n == 0 {
         return Err(ConfigError::CpusZero);
     }
@@ -179,17 +184,26 @@ pub const DEFAULT_RSC_INTERVAL: Duration = Duration::from_micros(300);
 /// the delay as loss.
 pub const MAX_RSC_INTERVAL_US: u64 = 1_000_000;
 
+/// `KEY=VALUE,KEY=VALUE...` as pairs; `None` if a part has no `=`.
+fn split_pairs(s: &str) -> Option<Vec<(&str, &str)>> {
+    s.split(',').map(|part| part.split_once('=')).collect()
+}
+
 /// Parses `tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]`.
 pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
+    let pairs = split_pairs(s).ok_or_else(|| ConfigError::NetSyntax(s.to_string()))?;
+    net_from_pairs(s, &pairs)
+}
+
+/// A `--net` from its `key=value` pairs (the keys of [`parse_net`]); `s`,
+/// the option as the user wrote it (or its equivalent), is what errors name.
+pub fn net_from_pairs(s: &str, pairs: &[(&str, &str)]) -> Result<NetSpec, ConfigError> {
     let mut tap = None;
     let mut mac = None;
     let mut sndbuf = None;
     let mut rsc = false;
     let mut rsc_interval = DEFAULT_RSC_INTERVAL;
-    for part in s.split(',') {
-        let (k, v) = part
-            .split_once('=')
-            .ok_or_else(|| ConfigError::NetSyntax(s.to_string()))?;
+    for &(k, v) in pairs {
         match k {
             "tap" => tap = Some(v.to_string()),
             "mac" => {
@@ -307,10 +321,16 @@ pub const DISK_ID_MAX: usize = 20;
 /// Parses `path=FILE[,readonly=on|off][,id=NAME]` (each key at most once;
 /// a path cannot contain a comma).
 pub fn parse_disk(s: &str) -> Result<DiskSpec, ConfigError> {
+    let pairs = split_pairs(s).ok_or_else(|| ConfigError::DiskSyntax(s.to_string()))?;
+    disk_from_pairs(s, &pairs)
+}
+
+/// A `--disk` from its `key=value` pairs (the keys of [`parse_disk`]); `s`,
+/// the option as the user wrote it (or its equivalent), is what errors name.
+pub fn disk_from_pairs(s: &str, pairs: &[(&str, &str)]) -> Result<DiskSpec, ConfigError> {
     let syntax = || ConfigError::DiskSyntax(s.to_string());
     let (mut path, mut readonly, mut id) = (None, None, None);
-    for part in s.split(',') {
-        let (k, v) = part.split_once('=').ok_or_else(syntax)?;
+    for &(k, v) in pairs {
         let slot_taken = match k {
             "path" => path.replace(PathBuf::from(v)).is_some() || v.is_empty(),
             "readonly" => {

@@ -32,6 +32,7 @@ pub mod kvm_util;
 pub mod memory;
 pub mod pause;
 pub mod profile;
+pub mod run_args;
 pub mod snapshot;
 pub mod vcpu;
 pub mod vcpu_state;

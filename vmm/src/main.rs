@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use vmm::config::{self, VmConfig, DEFAULT_MEM};
 use vmm::exit::VmExit;
+use vmm::run_args::RunArgs;
 use vmm::vm::Start;
 
 #[derive(Parser)]
@@ -35,7 +36,8 @@ Exit status: 0 when the guest reboots or powers off (or Ctrl-A x), 1 when the VM
 cannot start (bad option, unreadable kernel, no /dev/kvm...), 2 when the guest \
 kernel panics, 3 when a vCPU fails.
 
-Example: printf 'uname -r\\nreboot -f\\n' | tandem run")]
+Examples: printf 'uname -r\\nreboot -f\\n' | tandem run
+          tandem run --config vm.toml --mem 1G")]
     Run(Box<RunArgs>),
     /// Send a request to a running VM's control API and print the answer
     /// (JSON). Exit status 0 when the request succeeded, 1 otherwise.
@@ -113,121 +115,9 @@ enum Verb {
     /// the pages written since the last read (by the vCPUs and by device
     /// emulation) and resets it, `stop` turns it off.
     DirtyLog {
-        /// start, read or stop.
+        /// What to do with the log.
         action: vmm::api::DirtyLogAction,
     },
-}
-
-#[derive(Args)]
-struct RunArgs {
-    /// Guest kernel: an ELF vmlinux (fastest here) or a bzImage.
-    /// Default: the guest built by resources/build-guest.sh (target/guest/vmlinux,
-    /// with target/guest/initramfs.cpio as initrd).
-    #[arg(long, value_name = "PATH")]
-    kernel: Option<PathBuf>,
-    /// Initial ramdisk (uncompressed cpio boots fastest).
-    #[arg(long, value_name = "PATH")]
-    initrd: Option<PathBuf>,
-    /// Kernel command line. Parameters this host's KVM needs are appended.
-    /// Default: "console=ttyS0 reboot=k panic=1", with "quiet" on hosts
-    /// whose KVM emulates the guest kernel (printing the boot log there
-    /// costs seconds).
-    #[arg(long, value_name = "STR")]
-    cmdline: Option<String>,
-    /// Guest memory: a number with K, M, G or T (a plain number is MiB).
-    /// Default: 128M, or the snapshot's with --restore.
-    #[arg(long, value_name = "SIZE", value_parser = config::parse_mem)]
-    mem: Option<u64>,
-    /// Print the kernel command line the guest would get (with what this
-    /// host needs appended) and exit.
-    #[arg(long)]
-    print_cmdline: bool,
-    /// A virtio-net device on tap NAME (created if absent); repeatable
-    /// (eth0, eth1, ... in that order). mac=AA:BB:CC:DD:EE:FF sets the MAC;
-    /// sndbuf=SIZE (e.g. 256K) bounds the tap's send buffer so that a guest
-    /// sending faster than the host path drains is throttled (its TX queue
-    /// waits) instead of growing host queues; default: unlimited, as in QEMU.
-    /// rsc=on coalesces received TCP segments into large packets before they
-    /// reach the guest (receive segment coalescing; also offers RSC_EXT to
-    /// drivers that report coalescing, e.g. Windows NetKVM); default off.
-    /// rsc_interval_us=N: how long a partly coalesced packet may wait for
-    /// more segments, 1 to 1000000 µs (default 300).
-    #[arg(long = "net",
-          value_name = "tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]",
-          value_parser = config::parse_net)]
-    nets: Vec<config::NetSpec>,
-    /// A virtio-blk device on a raw image FILE (a regular file or a block
-    /// device); repeatable: the guest sees /dev/vda, /dev/vdb, ... in order.
-    /// readonly=on offers the disk read-only (writes fail with an I/O error
-    /// and the file is opened read-only); id=NAME (up to 20 characters,
-    /// default: the file name) is the serial the guest reads from
-    /// /sys/block/vdX/serial. The image is locked while tandem runs (shared
-    /// when read-only). To boot from it, give a kernel without an initrd and
-    /// `root=/dev/vda` in --cmdline.
-    #[arg(long = "disk", value_name = "path=FILE[,readonly=on][,id=NAME]",
-          value_parser = config::parse_disk)]
-    disks: Vec<config::DiskSpec>,
-    /// Write device counters as JSON to PATH, every second and at exit.
-    #[arg(long, value_name = "PATH")]
-    metrics: Option<PathBuf>,
-    /// Serve the control API on a Unix socket at PATH (JSON lines; see
-    /// `tandem ctl --help`). A stale socket file there is replaced.
-    #[arg(long, value_name = "PATH")]
-    api_sock: Option<PathBuf>,
-    /// Number of vCPUs (1 to 32). Default: 1, or the snapshot's with --restore.
-    #[arg(long, value_name = "N",
-          value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
-    cpus: Option<u8>,
-    /// Continue the VM saved in FILE (by `tandem ctl ... snapshot FILE`)
-    /// instead of booting a kernel. The whole file is verified first. Give
-    /// the snapshot's devices again, in the same order: --net with the same
-    /// MAC and rsc (the tap may differ), --disk with the same readonly flag,
-    /// size and id, on the image as it was at the snapshot (the path may
-    /// differ). Any other --mem, --cpus or device set is refused, saying
-    /// what differs.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline"])]
-    restore: Option<PathBuf>,
-    /// Profile the guest from start to end into FILE: each vCPU's
-    /// instruction pointer is sampled --guest-profile-hz times a second
-    /// (the vCPU is kicked out of KVM_RUN and its registers read), with the
-    /// kernel call chain read from guest memory when the guest kernel keeps
-    /// frame pointers; user-mode samples count as [user]. FILE gets folded
-    /// stacks (what flamegraph tools read, e.g. `inferno-flamegraph FILE >
-    /// boot.svg`), and the top 30 functions are printed on stderr at exit.
-    /// For a window on a running VM: `tandem ctl profile-start/profile-stop`.
-    #[arg(long, value_name = "FILE")]
-    guest_profile: Option<PathBuf>,
-    /// Samples per second and vCPU for --guest-profile (1 to 10000).
-    #[arg(long, value_name = "N", default_value_t = vmm::profile::DEFAULT_HZ,
-          requires = "guest_profile",
-          value_parser = |s: &str| -> Result<u32, String> {
-              let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
-              vmm::profile::check_hz(n).map_err(|e| e.to_string())
-          })]
-    guest_profile_hz: u32,
-    /// Names for profiled addresses: an ELF vmlinux or a System.map. Default:
-    /// the --kernel when it is an ELF vmlinux (a bzImage has no symbols:
-    /// give its System.map); needed for --restore.
-    #[arg(long, value_name = "FILE")]
-    guest_symbols: Option<PathBuf>,
-}
-
-impl RunArgs {
-    /// The profiler's settings; an unreadable --guest-symbols is an error.
-    fn profile(&self, kernel: Option<&std::path::Path>) -> Result<config::ProfileConfig, String> {
-        if let Some(s) = &self.guest_symbols {
-            vmm::profile::symbols::Symbols::load(s).map_err(|e| format!("--guest-symbols: {e}"))?;
-        }
-        let symbols = self
-            .guest_symbols
-            .clone()
-            .or_else(|| kernel.filter(|k| config::is_elf(k)).map(Into::into));
-        Ok(config::ProfileConfig {
-            file: self.guest_profile.clone(),
-            hz: self.guest_profile_hz,
-            symbols,
-        })
-    }
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
@@ -322,6 +212,10 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Command::Run(args) => *args,
         Command::Ctl(ctl) => return run_ctl(ctl),
+    };
+    let args = match args.resolve() {
+        Ok(a) => a,
+        Err(e) => return fail(e),
     };
     let host = vmm::host::HostKind::detect();
     let cmdline = args

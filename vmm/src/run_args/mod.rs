@@ -1,0 +1,276 @@
+//! `tandem run`'s options: one struct that clap fills from the command line
+//! and serde from a `--config` file (JSON or TOML, [`file`]), and the merge
+//! of the two, where the command line wins.
+//!
+//! The file's keys are the long options' names with `_` for `-` (the
+//! struct's fields, renamed where the field is plural: `net`, `disk`), so
+//! the two cannot drift apart; `--config` and `--print-cmdline` are not
+//! keys (a file naming them is refused like any unknown key).
+//!
+//! Runs on the main thread before any VM exists. Everything here is user
+//! input: each mistake is a one-line error naming the option, or the file
+//! and its field; never a panic.
+
+pub mod file;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::config::{self, DiskSpec, NetSpec, ProfileConfig};
+use crate::profile::symbols::{Symbols, SymbolsError};
+
+/// Errors of `tandem run`'s options (the command line's own are clap's).
+#[derive(Debug, thiserror::Error)]
+pub enum RunArgsError {
+    #[error("--config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--config {path}: larger than {max} bytes", max = file::MAX_FILE)]
+    TooBig { path: PathBuf },
+    #[error("--config {path}: {}", file::json_message(field, source))]
+    Json {
+        path: PathBuf,
+        /// Where in the file's structure (`net[1].rsc`), when known.
+        field: Option<String>,
+        source: serde_json::Error,
+    },
+    #[error("--config {path}: the JSON text is not an object ({{\"key\": value, ...}})")]
+    JsonNotObject { path: PathBuf },
+    #[error("--config {path}: {}", file::toml_message(field, source, at))]
+    Toml {
+        path: PathBuf,
+        /// Where in the file's structure (`net[1].rsc`), when known.
+        field: Option<String>,
+        source: Box<toml::de::Error>,
+        /// Line and column (from 1) of what is wrong, when known.
+        at: Option<(usize, usize)>,
+    },
+    #[error(
+        "--config {path}: '{key}' is for booting, and the file also gives 'restore' \
+         (with --restore on the command line, the file's kernel, initrd and cmdline are ignored)"
+    )]
+    RestoreAndBoot { path: PathBuf, key: &'static str },
+    #[error("--{option} is for booting and cannot be used with 'restore' from --config {path}")]
+    BootOptionWithFileRestore { path: PathBuf, option: &'static str },
+    #[error("--guest-profile-hz needs --guest-profile")]
+    HzWithoutProfile,
+    #[error("--guest-symbols: {0}")]
+    Symbols(#[source] SymbolsError),
+}
+
+/// What `tandem run` is given (see `tandem run --help`).
+#[derive(Args, Deserialize, Debug, Default, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RunArgs {
+    /// Read options from FILE, JSON or TOML (chosen by the extension .json
+    /// or .toml, else by the content: a file starting with '{' is JSON).
+    /// Its keys are the long options' names with '_' for '-' (api_sock,
+    /// guest_profile_hz, ...), each at most once; net and disk are arrays
+    /// whose entries are either the option's string ("tap=tap0,rsc=on") or
+    /// a table with the same keys (rsc and readonly are true or false); mem
+    /// and sndbuf are a string ("512M") or a number (MiB for mem, bytes for
+    /// sndbuf). An option given on the command line wins over the file's; a
+    /// --net or --disk there replaces the file's whole list. With --restore
+    /// on the command line the file's kernel, initrd and cmdline are
+    /// ignored, so one file serves a boot and later restores. Relative paths
+    /// are from the current directory. An unknown key is an error. Example
+    /// in the README ("Config file").
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Guest kernel: an ELF vmlinux (fastest here) or a bzImage.
+    /// Default: the guest built by resources/build-guest.sh (target/guest/vmlinux,
+    /// with target/guest/initramfs.cpio as initrd).
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Initial ramdisk (uncompressed cpio boots fastest).
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line. Parameters this host's KVM needs are appended.
+    /// Default: "console=ttyS0 reboot=k panic=1", with "quiet" on hosts
+    /// whose KVM emulates the guest kernel (printing the boot log there
+    /// costs seconds).
+    #[arg(long, value_name = "STR")]
+    pub cmdline: Option<String>,
+    /// Guest memory: a number with K, M, G or T (a plain number is MiB).
+    /// Default: 128M, or the snapshot's with --restore.
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_mem)]
+    #[serde(default, deserialize_with = "file::mem")]
+    pub mem: Option<u64>,
+    /// Print the kernel command line the guest would get (with what this
+    /// host needs appended) and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_cmdline: bool,
+    /// A virtio-net device on tap NAME (created if absent); repeatable
+    /// (eth0, eth1, ... in that order). mac=AA:BB:CC:DD:EE:FF sets the MAC;
+    /// sndbuf=SIZE (e.g. 256K) bounds the tap's send buffer so that a guest
+    /// sending faster than the host path drains is throttled (its TX queue
+    /// waits) instead of growing host queues; default: unlimited, as in QEMU.
+    /// rsc=on coalesces received TCP segments into large packets before they
+    /// reach the guest (receive segment coalescing; also offers RSC_EXT to
+    /// drivers that report coalescing, e.g. Windows NetKVM); default off.
+    /// rsc_interval_us=N: how long a partly coalesced packet may wait for
+    /// more segments, 1 to 1000000 µs (default 300).
+    #[arg(long = "net",
+          value_name = "tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]",
+          value_parser = config::parse_net)]
+    #[serde(rename = "net", default, deserialize_with = "file::nets")]
+    pub nets: Vec<NetSpec>,
+    /// A virtio-blk device on a raw image FILE (a regular file or a block
+    /// device); repeatable: the guest sees /dev/vda, /dev/vdb, ... in order.
+    /// readonly=on offers the disk read-only (writes fail with an I/O error
+    /// and the file is opened read-only); id=NAME (up to 20 characters,
+    /// default: the file name) is the serial the guest reads from
+    /// /sys/block/vdX/serial. The image is locked while tandem runs (shared
+    /// when read-only). To boot from it, give a kernel without an initrd and
+    /// `root=/dev/vda` in --cmdline.
+    #[arg(long = "disk", value_name = "path=FILE[,readonly=on][,id=NAME]",
+          value_parser = config::parse_disk)]
+    #[serde(rename = "disk", default, deserialize_with = "file::disks")]
+    pub disks: Vec<DiskSpec>,
+    /// Write device counters as JSON to PATH, every second and at exit.
+    #[arg(long, value_name = "PATH")]
+    pub metrics: Option<PathBuf>,
+    /// Serve the control API on a Unix socket at PATH (JSON lines; see
+    /// `tandem ctl --help`). A stale socket file there is replaced.
+    #[arg(long, value_name = "PATH")]
+    pub api_sock: Option<PathBuf>,
+    /// Number of vCPUs (1 to 32). Default: 1, or the snapshot's with --restore.
+    #[arg(long, value_name = "N",
+          value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
+    #[serde(default, deserialize_with = "file::cpus")]
+    pub cpus: Option<u8>,
+    /// Continue the VM saved in FILE (by `tandem ctl ... snapshot FILE`)
+    /// instead of booting a kernel. The whole file is verified first. Give
+    /// the snapshot's devices again, in the same order: --net with the same
+    /// MAC and rsc (the tap may differ), --disk with the same readonly flag,
+    /// size and id, on the image as it was at the snapshot (the path may
+    /// differ). Any other --mem, --cpus or device set is refused, saying
+    /// what differs.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline"])]
+    pub restore: Option<PathBuf>,
+    /// Profile the guest from start to end into FILE: each vCPU's
+    /// instruction pointer is sampled --guest-profile-hz times a second
+    /// (the vCPU is kicked out of KVM_RUN and its registers read), with the
+    /// kernel call chain read from guest memory when the guest kernel keeps
+    /// frame pointers; user-mode samples count as [user]. FILE gets folded
+    /// stacks (what flamegraph tools read, e.g. `inferno-flamegraph FILE >
+    /// boot.svg`), and the top 30 functions are printed on stderr at exit.
+    /// For a window on a running VM: `tandem ctl profile-start/profile-stop`.
+    #[arg(long, value_name = "FILE")]
+    pub guest_profile: Option<PathBuf>,
+    /// Samples per second and vCPU for --guest-profile (1 to 10000;
+    /// default 1000).
+    #[arg(long, value_name = "N",
+          value_parser = |s: &str| -> Result<u32, String> {
+              let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+              crate::profile::check_hz(n).map_err(|e| e.to_string())
+          })]
+    #[serde(default, deserialize_with = "file::hz")]
+    pub guest_profile_hz: Option<u32>,
+    /// Names for profiled addresses: an ELF vmlinux or a System.map. Default:
+    /// the --kernel when it is an ELF vmlinux (a bzImage has no symbols:
+    /// give its System.map); needed for --restore.
+    #[arg(long, value_name = "FILE")]
+    pub guest_symbols: Option<PathBuf>,
+}
+
+impl RunArgs {
+    /// The options to run with: these (from the command line) over the
+    /// `--config` file's, if one is given; then the checks that need both.
+    pub fn resolve(self) -> Result<RunArgs, RunArgsError> {
+        let merged = match &self.config {
+            Some(path) => {
+                let from_file = file::load(path)?;
+                let path = path.clone();
+                self.over(from_file, &path)?
+            }
+            None => self,
+        };
+        if merged.guest_profile_hz.is_some() && merged.guest_profile.is_none() {
+            return Err(RunArgsError::HzWithoutProfile);
+        }
+        Ok(merged)
+    }
+
+    /// These options (the command line's) over `file`'s (read from `path`):
+    /// each one given here wins; a list given here replaces the file's.
+    pub fn over(self, file: RunArgs, path: &Path) -> Result<RunArgs, RunArgsError> {
+        // A restore asked for here makes the file's boot keys moot; a
+        // restore in the file conflicts with any boot option.
+        let file_boots = self.restore.is_none();
+        if file_boots && file.restore.is_some() {
+            let boot_keys = [
+                ("kernel", file.kernel.is_some()),
+                ("initrd", file.initrd.is_some()),
+                ("cmdline", file.cmdline.is_some()),
+            ];
+            if let Some(&(key, _)) = boot_keys.iter().find(|(_, given)| *given) {
+                let path = path.to_path_buf();
+                return Err(RunArgsError::RestoreAndBoot { path, key });
+            }
+            let boot_options = [
+                ("kernel", self.kernel.is_some()),
+                ("initrd", self.initrd.is_some()),
+                ("cmdline", self.cmdline.is_some()),
+                ("print-cmdline", self.print_cmdline),
+            ];
+            if let Some(&(option, _)) = boot_options.iter().find(|(_, given)| *given) {
+                let path = path.to_path_buf();
+                return Err(RunArgsError::BootOptionWithFileRestore { path, option });
+            }
+        }
+        // Option by option: the command line's, else the file's (the
+        // file's boot keys only when it is a boot).
+        fn or<T>(here: Option<T>, there: Option<T>, take: bool) -> Option<T> {
+            here.or(there.filter(|_| take))
+        }
+        fn list<T>(here: Vec<T>, there: Vec<T>) -> Vec<T> {
+            if here.is_empty() {
+                there
+            } else {
+                here
+            }
+        }
+        Ok(RunArgs {
+            config: self.config,
+            kernel: or(self.kernel, file.kernel, file_boots),
+            initrd: or(self.initrd, file.initrd, file_boots),
+            cmdline: or(self.cmdline, file.cmdline, file_boots),
+            mem: self.mem.or(file.mem),
+            print_cmdline: self.print_cmdline,
+            nets: list(self.nets, file.nets),
+            disks: list(self.disks, file.disks),
+            metrics: self.metrics.or(file.metrics),
+            api_sock: self.api_sock.or(file.api_sock),
+            cpus: self.cpus.or(file.cpus),
+            restore: self.restore.or(file.restore),
+            guest_profile: self.guest_profile.or(file.guest_profile),
+            guest_profile_hz: self.guest_profile_hz.or(file.guest_profile_hz),
+            guest_symbols: self.guest_symbols.or(file.guest_symbols),
+        })
+    }
+
+    /// The profiler's settings; an unreadable --guest-symbols is an error.
+    pub fn profile(&self, kernel: Option<&Path>) -> Result<ProfileConfig, RunArgsError> {
+        if let Some(s) = &self.guest_symbols {
+            Symbols::load(s).map_err(RunArgsError::Symbols)?;
+        }
+        let symbols = self
+            .guest_symbols
+            .clone()
+            .or_else(|| kernel.filter(|k| config::is_elf(k)).map(Into::into));
+        Ok(ProfileConfig {
+            file: self.guest_profile.clone(),
+            hz: self.guest_profile_hz.unwrap_or(crate::profile::DEFAULT_HZ),
+            symbols,
+        })
+    }
+}
