@@ -61,8 +61,6 @@ pub enum TransportStateError {
     NoVersion1,
     #[error("interrupt status {0:#x} has bits no device raises")]
     Interrupt(u32),
-    #[error("a transport can only be restored before the guest touches it")]
-    NotFresh,
     #[error("the device cannot restart: {0}")]
     Activate(String),
 }
@@ -222,14 +220,16 @@ impl Snapshottable for MmioTransport {
         })
     }
 
-    /// Checks `s` ([`MmioTransport::check_state`]), restarts the device if
-    /// it ran, then applies the registers; on an error nothing is applied
-    /// and the device stays stopped.
+    /// Checks `s` ([`MmioTransport::check_state`]); then resets a transport
+    /// the guest had brought up (as a driver's status write of 0 would: the
+    /// device stops), restarts the device if it ran in `s`, and applies the
+    /// registers. On a refused state nothing changes; if the device cannot
+    /// restart, the transport stays reset.
     fn restore(&mut self, s: &MmioTransportState) -> Result<(), TransportStateError> {
-        if self.status != 0 {
-            return Err(TransportStateError::NotFresh);
-        }
         let Checked { regs, live } = self.checked(s)?;
+        if self.status != 0 {
+            self.reset();
+        }
         if let Some(queues) = live {
             self.start(s.acked_features, queues)
                 .map_err(|e| TransportStateError::Activate(e.to_string()))?;

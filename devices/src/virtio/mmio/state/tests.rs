@@ -114,12 +114,20 @@ fn hostile_states_are_refused_and_nothing_is_applied() {
 }
 
 #[test]
-fn only_a_fresh_transport_is_restored() {
-    let (mut t, state) = running();
-    assert_eq!(
-        t.restore(&state).unwrap_err(),
-        TransportStateError::NotFresh
-    );
+fn a_live_transport_is_reset_then_restored() {
+    let (mut t, mut state) = running();
+    // As if the device had moved on since the state was saved.
+    state.queues[0].next_avail = 2;
+    state.queues[0].next_used = 2;
+    t.restore(&state).unwrap();
+    assert_eq!(t.save().unwrap(), state, "the saved state, not the live one");
+
+    // A refused state leaves the running transport as it was.
+    let before = t.save().unwrap();
+    let mut bad = state.clone();
+    bad.interrupt_status = 0x80;
+    assert!(t.restore(&bad).is_err());
+    assert_eq!(t.save().unwrap(), before);
 }
 
 /// Saves `t`, restores into a fresh transport and checks that the driver
