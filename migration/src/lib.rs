@@ -5,6 +5,8 @@
 //! - [`memory`]: guest RAM as runs of non-zero pages, checked against the VM's layout;
 //! - [`vcpu`], [`vm`], [`devices`]: serde `State` types for every component;
 //! - [`kvm`]: conversions between those types and the `kvm-bindings` structures;
+//! - [`kvm_serde`]: kvm-bindings' serde of KVM structures, held to exact sizes;
+//! - [`tsc`]: whether a restore can give the guest its saved TSC frequency;
 //! - [`manifest`]: what VM a snapshot is of, and the compatibility check of a restore.
 //!
 //! It makes no KVM call, starts no thread and touches no guest memory: the vmm reads state
@@ -41,8 +43,11 @@ pub mod format;
 pub mod hex;
 #[cfg(target_arch = "x86_64")]
 pub mod kvm;
+#[cfg(target_arch = "x86_64")]
+pub mod kvm_serde;
 pub mod manifest;
 pub mod memory;
+pub mod tsc;
 pub mod vcpu;
 pub mod vm;
 
