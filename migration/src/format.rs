@@ -9,14 +9,14 @@
 //! is used for an allocation before it has been checked against the file's real size and
 //! the caps below.
 //!
-//! # Byte layout, format version 1
+//! # Byte layout, format version 2
 //!
 //! All integers are little-endian.
 //!
 //! ```text
 //! offset  size  field
 //! 0       8     magic: the ASCII bytes "TANDEMSN"
-//! 8       4     format version (u32): 1
+//! 8       4     format version (u32): 2
 //! 12      4     reserved (u32): 0
 //! 16            sections, one after another, each:
 //!                 1  tag: 0x53 ('S')
@@ -32,6 +32,11 @@
 //!                 8  total length of the file in bytes, trailer and CRC included (u64)
 //!                 4  CRC32 (IEEE 802.3, as computed by crc32fast) of every byte before it
 //! ```
+//!
+//! Version history: 1, the first; 2, the same container, with the `vm` and `vcpu.N`
+//! sections holding kvm-bindings' encodings of the KVM structures and each vCPU's CPUID
+//! entries and TSC frequency added. A file of another version is refused with
+//! "snapshot format version N, this tandem reads 2".
 //!
 //! The section count and total length sit in a trailer rather than a header so that the
 //! writer streams: it never seeks, holds no section in memory, and computes the CRC as the
@@ -64,7 +69,7 @@ use serde::Serialize;
 /// The eight bytes every tandem snapshot starts with.
 pub const MAGIC: [u8; 8] = *b"TANDEMSN";
 /// The format version this tandem writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The largest state section accepted, in bytes.
 pub const MAX_STATE_SECTION: u64 = 16 << 20;
 /// The longest section name, in bytes.

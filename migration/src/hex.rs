@@ -1,8 +1,9 @@
 //! Serde helpers that write byte strings as lowercase hex and MAC addresses as `aa:bb:..`.
 //!
-//! Owns only the text form of binary fields inside JSON state sections (xsave areas, the
-//! LAPIC page, irqchip state, FPU registers): hex is half the size of a JSON number array
-//! and readable with `jq`. Decoding refuses odd lengths and non-hex characters.
+//! Owns only the text form of tandem's own binary fields inside JSON state sections (FPU
+//! registers, the UART's buffer, MAC addresses): hex is half the size of a JSON number
+//! array and readable with `jq`. (The KVM structures are written as kvm-bindings writes
+//! them, see [`crate::kvm_serde`].) Decoding refuses odd lengths and non-hex characters.
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serializer};

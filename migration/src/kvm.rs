@@ -1,35 +1,34 @@
-//! Conversions between tandem's state types and the `kvm-bindings` structures.
+//! The KVM structures a snapshot holds, their serde form, and the checks they pass before
+//! an ioctl sees them.
 //!
-//! This module owns the mapping field by field, so the vmm's save path is "ioctl, then
-//! `from`" and its restore path is "`to_kvm`, then ioctl". It makes no KVM call. Converting
-//! to KVM is fallible: a snapshot is hostile input, so byte areas of the wrong length and
-//! lists longer than the kernel's arrays are refused here, before any ioctl sees them.
+//! [`KvmVcpuState`] and [`KvmVmState`] are what the vmm's `KVM_GET_*` ioctls return and
+//! its `KVM_SET_*` ioctls take, and they are also what the state sections hold: each
+//! kvm-bindings structure is written with kvm-bindings' own serde (its bytes), read back
+//! strictly ([`crate::kvm_serde`]: exact sizes, bounded lists). The hand-written part is
+//! what kvm-bindings does not provide: the FPU ([`crate::vcpu::Fpu`], see there), and the
+//! checks of meaning that a size check cannot make (a count field within its array, an
+//! irqchip saved under the right chip id), done by `to_kvm` before anything is applied.
+//! This module makes no KVM call.
 //!
 //! Restore order that KVM needs (the vmm's job; as Firecracker and QEMU do it):
 //! - VM, before any vCPU runs: `KVM_SET_PIT2`, `KVM_SET_CLOCK`, `KVM_SET_IRQCHIP` ×3
 //!   (PIC master, PIC slave, IOAPIC);
-//! - each vCPU, after `KVM_SET_CPUID2`: mp_state, regs, sregs, xsave (or fpu), xcrs,
-//!   debug regs, LAPIC, MSRs, vcpu events (last: it may inject what the others prepared).
+//! - each vCPU: `KVM_SET_CPUID2` with the saved entries (the guest keeps the CPU it saw,
+//!   whatever this host would offer), the TSC frequency ([`crate::tsc`]), then mp_state,
+//!   regs, sregs, xsave (or fpu), xcrs, debug regs, LAPIC, MSRs, vcpu events (last: it may
+//!   inject what the others prepared).
 
 use kvm_bindings::{
-    kvm_clock_data, kvm_debugregs, kvm_dtable, kvm_fpu, kvm_irqchip, kvm_irqchip__bindgen_ty_1,
-    kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_pit_channel_state, kvm_pit_state2, kvm_regs,
-    kvm_segment, kvm_sregs, kvm_vcpu_events, kvm_xcr, kvm_xcrs, kvm_xsave, Msrs,
-    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+    kvm_clock_data, kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_irqchip, kvm_lapic_state,
+    kvm_mp_state, kvm_msr_entry, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
+    kvm_xsave, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+    KVM_MAX_CPUID_ENTRIES, KVM_MAX_MSR_ENTRIES, KVM_MAX_XCRS,
 };
-use zerocopy::{FromBytes, IntoBytes};
+use serde::{Deserialize, Deserializer, Serialize};
+use zerocopy::IntoBytes;
 
-use crate::vcpu::{
-    DTable, DebugRegs, ExceptionEvent, Fpu, InterruptEvent, Msr, NmiEvent, Regs, Segment, SmiEvent,
-    Sregs, VcpuEvents, VcpuState, Xcr,
-};
-use crate::vm::{ClockState, PitChannel, PitState, VmState, IRQCHIP_LEN};
-
-/// Size of the LAPIC register page.
-pub const LAPIC_LEN: usize = 1024;
-/// Size of the legacy xsave area (`kvm_xsave.region`).
-pub const XSAVE_LEN: usize = 4096;
-const MAX_XCRS: usize = 16;
+use crate::kvm_serde::{self, exact};
+use crate::vcpu::{Fpu, VcpuState};
 
 /// A saved state that KVM would not take.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -54,11 +53,21 @@ pub enum KvmStateError {
         /// The kernel's limit.
         max: usize,
     },
+    /// An irqchip is saved under the wrong chip id.
+    #[error("{what} has chip id {found}, KVM's is {expected}")]
+    ChipId {
+        /// Which chip.
+        what: &'static str,
+        /// The id in the snapshot.
+        found: u32,
+        /// The id of that chip.
+        expected: u32,
+    },
 }
 
 type Result<T> = std::result::Result<T, KvmStateError>;
 
-fn exact<'a>(what: &'static str, bytes: &'a [u8], expected: usize) -> Result<&'a [u8]> {
+fn exact_len<'a>(what: &'static str, bytes: &'a [u8], expected: usize) -> Result<&'a [u8]> {
     if bytes.len() == expected {
         Ok(bytes)
     } else {
@@ -70,161 +79,11 @@ fn exact<'a>(what: &'static str, bytes: &'a [u8], expected: usize) -> Result<&'a
     }
 }
 
-impl From<&kvm_regs> for Regs {
-    fn from(r: &kvm_regs) -> Self {
-        Regs {
-            rax: r.rax,
-            rbx: r.rbx,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            rsp: r.rsp,
-            rbp: r.rbp,
-            r8: r.r8,
-            r9: r.r9,
-            r10: r.r10,
-            r11: r.r11,
-            r12: r.r12,
-            r13: r.r13,
-            r14: r.r14,
-            r15: r.r15,
-            rip: r.rip,
-            rflags: r.rflags,
-        }
-    }
-}
-
-impl From<&Regs> for kvm_regs {
-    fn from(r: &Regs) -> Self {
-        kvm_regs {
-            rax: r.rax,
-            rbx: r.rbx,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            rsp: r.rsp,
-            rbp: r.rbp,
-            r8: r.r8,
-            r9: r.r9,
-            r10: r.r10,
-            r11: r.r11,
-            r12: r.r12,
-            r13: r.r13,
-            r14: r.r14,
-            r15: r.r15,
-            rip: r.rip,
-            rflags: r.rflags,
-        }
-    }
-}
-
-impl From<&kvm_segment> for Segment {
-    fn from(s: &kvm_segment) -> Self {
-        Segment {
-            base: s.base,
-            limit: s.limit,
-            selector: s.selector,
-            type_: s.type_,
-            present: s.present,
-            dpl: s.dpl,
-            db: s.db,
-            s: s.s,
-            l: s.l,
-            g: s.g,
-            avl: s.avl,
-            unusable: s.unusable,
-        }
-    }
-}
-
-impl From<&Segment> for kvm_segment {
-    fn from(s: &Segment) -> Self {
-        kvm_segment {
-            base: s.base,
-            limit: s.limit,
-            selector: s.selector,
-            type_: s.type_,
-            present: s.present,
-            dpl: s.dpl,
-            db: s.db,
-            s: s.s,
-            l: s.l,
-            g: s.g,
-            avl: s.avl,
-            unusable: s.unusable,
-            padding: 0,
-        }
-    }
-}
-
-impl From<&kvm_dtable> for DTable {
-    fn from(d: &kvm_dtable) -> Self {
-        DTable {
-            base: d.base,
-            limit: d.limit,
-        }
-    }
-}
-
-impl From<&DTable> for kvm_dtable {
-    fn from(d: &DTable) -> Self {
-        kvm_dtable {
-            base: d.base,
-            limit: d.limit,
-            padding: [0; 3],
-        }
-    }
-}
-
-impl From<&kvm_sregs> for Sregs {
-    fn from(s: &kvm_sregs) -> Self {
-        Sregs {
-            cs: (&s.cs).into(),
-            ds: (&s.ds).into(),
-            es: (&s.es).into(),
-            fs: (&s.fs).into(),
-            gs: (&s.gs).into(),
-            ss: (&s.ss).into(),
-            tr: (&s.tr).into(),
-            ldt: (&s.ldt).into(),
-            gdt: (&s.gdt).into(),
-            idt: (&s.idt).into(),
-            cr0: s.cr0,
-            cr2: s.cr2,
-            cr3: s.cr3,
-            cr4: s.cr4,
-            cr8: s.cr8,
-            efer: s.efer,
-            apic_base: s.apic_base,
-            interrupt_bitmap: s.interrupt_bitmap,
-        }
-    }
-}
-
-impl From<&Sregs> for kvm_sregs {
-    fn from(s: &Sregs) -> Self {
-        kvm_sregs {
-            cs: (&s.cs).into(),
-            ds: (&s.ds).into(),
-            es: (&s.es).into(),
-            fs: (&s.fs).into(),
-            gs: (&s.gs).into(),
-            ss: (&s.ss).into(),
-            tr: (&s.tr).into(),
-            ldt: (&s.ldt).into(),
-            gdt: (&s.gdt).into(),
-            idt: (&s.idt).into(),
-            cr0: s.cr0,
-            cr2: s.cr2,
-            cr3: s.cr3,
-            cr4: s.cr4,
-            cr8: s.cr8,
-            efer: s.efer,
-            apic_base: s.apic_base,
-            interrupt_bitmap: s.interrupt_bitmap,
-        }
+fn at_most(what: &'static str, found: usize, max: usize) -> Result<()> {
+    if found <= max {
+        Ok(())
+    } else {
+        Err(KvmStateError::TooMany { what, found, max })
     }
 }
 
@@ -260,417 +119,180 @@ impl TryFrom<&Fpu> for kvm_fpu {
         };
         k.fpr
             .as_flattened_mut()
-            .copy_from_slice(exact("FPU registers", &f.fpr, 8 * 16)?);
+            .copy_from_slice(exact_len("FPU registers", &f.fpr, 8 * 16)?);
         k.xmm
             .as_flattened_mut()
-            .copy_from_slice(exact("XMM registers", &f.xmm, 16 * 16)?);
+            .copy_from_slice(exact_len("XMM registers", &f.xmm, 16 * 16)?);
         Ok(k)
     }
 }
 
-/// The valid entries of `kvm_xcrs`.
-pub fn xcrs_from_kvm(x: &kvm_xcrs) -> Vec<Xcr> {
-    let n = (x.nr_xcrs as usize).min(MAX_XCRS);
-    x.xcrs[..n]
-        .iter()
-        .map(|e| Xcr {
-            xcr: e.xcr,
-            value: e.value,
-        })
-        .collect()
-}
+/// `#[serde(with)]` for `kvm_fpu`, through the [`Fpu`] mirror.
+mod fpu_serde {
+    use super::*;
+    use serde::de::Error as _;
+    use serde::Serializer;
 
-/// A `kvm_xcrs` holding `xcrs`.
-pub fn xcrs_to_kvm(xcrs: &[Xcr]) -> Result<kvm_xcrs> {
-    if xcrs.len() > MAX_XCRS {
-        return Err(KvmStateError::TooMany {
-            what: "XCRs",
-            found: xcrs.len(),
-            max: MAX_XCRS,
-        });
+    pub fn serialize<S: Serializer>(f: &kvm_fpu, s: S) -> std::result::Result<S::Ok, S::Error> {
+        Fpu::from(f).serialize(s)
     }
-    let mut k = kvm_xcrs {
-        nr_xcrs: xcrs.len() as u32,
-        ..Default::default()
-    };
-    for (slot, x) in k.xcrs.iter_mut().zip(xcrs) {
-        *slot = kvm_xcr {
-            xcr: x.xcr,
-            reserved: 0,
-            value: x.value,
-        };
-    }
-    Ok(k)
-}
 
-/// The MSRs of a `KVM_GET_MSRS` answer (`Msrs::as_slice()`).
-pub fn msrs_from_kvm(entries: &[kvm_msr_entry]) -> Vec<Msr> {
-    entries
-        .iter()
-        .map(|e| Msr {
-            index: e.index,
-            data: e.data,
-        })
-        .collect()
-}
-
-/// A `kvm_msrs` for `KVM_SET_MSRS`.
-pub fn msrs_to_kvm(msrs: &[Msr]) -> Result<Msrs> {
-    let entries: Vec<kvm_msr_entry> = msrs
-        .iter()
-        .map(|m| kvm_msr_entry {
-            index: m.index,
-            reserved: 0,
-            data: m.data,
-        })
-        .collect();
-    Msrs::from_entries(&entries).map_err(|_| KvmStateError::TooMany {
-        what: "MSRs",
-        found: msrs.len(),
-        max: kvm_bindings::KVM_MAX_MSR_ENTRIES,
-    })
-}
-
-/// The LAPIC register page as bytes.
-pub fn lapic_from_kvm(l: &kvm_lapic_state) -> Vec<u8> {
-    l.regs.as_bytes().to_vec()
-}
-
-/// A `kvm_lapic_state` from exactly [`LAPIC_LEN`] bytes.
-pub fn lapic_to_kvm(bytes: &[u8]) -> Result<kvm_lapic_state> {
-    let bytes = exact("LAPIC page", bytes, LAPIC_LEN)?;
-    let mut l = kvm_lapic_state::default();
-    for (r, b) in l.regs.iter_mut().zip(bytes) {
-        *r = std::os::raw::c_char::from_ne_bytes([*b]);
-    }
-    Ok(l)
-}
-
-/// The legacy xsave area as bytes.
-pub fn xsave_from_kvm(x: &kvm_xsave) -> Vec<u8> {
-    x.region.as_bytes().to_vec()
-}
-
-/// A `kvm_xsave` from exactly [`XSAVE_LEN`] bytes (a larger area needs `KVM_SET_XSAVE2`).
-pub fn xsave_to_kvm(bytes: &[u8]) -> Result<kvm_xsave> {
-    let bytes = exact("xsave area", bytes, XSAVE_LEN)?;
-    let mut x = kvm_xsave::default();
-    for (w, b) in x.region.iter_mut().zip(bytes.as_chunks::<4>().0) {
-        *w = u32::from_ne_bytes(*b);
-    }
-    Ok(x)
-}
-
-impl From<&kvm_vcpu_events> for VcpuEvents {
-    fn from(e: &kvm_vcpu_events) -> Self {
-        VcpuEvents {
-            exception: ExceptionEvent {
-                injected: e.exception.injected,
-                nr: e.exception.nr,
-                has_error_code: e.exception.has_error_code,
-                pending: e.exception.pending,
-                error_code: e.exception.error_code,
-            },
-            interrupt: InterruptEvent {
-                injected: e.interrupt.injected,
-                nr: e.interrupt.nr,
-                soft: e.interrupt.soft,
-                shadow: e.interrupt.shadow,
-            },
-            nmi: NmiEvent {
-                injected: e.nmi.injected,
-                pending: e.nmi.pending,
-                masked: e.nmi.masked,
-            },
-            sipi_vector: e.sipi_vector,
-            flags: e.flags,
-            smi: SmiEvent {
-                smm: e.smi.smm,
-                pending: e.smi.pending,
-                smm_inside_nmi: e.smi.smm_inside_nmi,
-                latched_init: e.smi.latched_init,
-            },
-            triple_fault_pending: e.triple_fault.pending,
-            exception_has_payload: e.exception_has_payload,
-            exception_payload: e.exception_payload,
-        }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<kvm_fpu, D::Error> {
+        kvm_fpu::try_from(&Fpu::deserialize(d)?).map_err(D::Error::custom)
     }
 }
 
-impl From<&VcpuEvents> for kvm_vcpu_events {
-    fn from(e: &VcpuEvents) -> Self {
-        let mut k = kvm_vcpu_events {
-            sipi_vector: e.sipi_vector,
-            flags: e.flags,
-            exception_has_payload: e.exception_has_payload,
-            exception_payload: e.exception_payload,
-            ..Default::default()
-        };
-        k.exception.injected = e.exception.injected;
-        k.exception.nr = e.exception.nr;
-        k.exception.has_error_code = e.exception.has_error_code;
-        k.exception.pending = e.exception.pending;
-        k.exception.error_code = e.exception.error_code;
-        k.interrupt.injected = e.interrupt.injected;
-        k.interrupt.nr = e.interrupt.nr;
-        k.interrupt.soft = e.interrupt.soft;
-        k.interrupt.shadow = e.interrupt.shadow;
-        k.nmi.injected = e.nmi.injected;
-        k.nmi.pending = e.nmi.pending;
-        k.nmi.masked = e.nmi.masked;
-        k.smi.smm = e.smi.smm;
-        k.smi.pending = e.smi.pending;
-        k.smi.smm_inside_nmi = e.smi.smm_inside_nmi;
-        k.smi.latched_init = e.smi.latched_init;
-        k.triple_fault.pending = e.triple_fault_pending;
-        k
-    }
+fn msr_list<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<kvm_msr_entry>, D::Error> {
+    kvm_serde::list(d, "MSRs", KVM_MAX_MSR_ENTRIES)
 }
 
-impl From<&kvm_debugregs> for DebugRegs {
-    fn from(d: &kvm_debugregs) -> Self {
-        DebugRegs {
-            db: d.db,
-            dr6: d.dr6,
-            dr7: d.dr7,
-            flags: d.flags,
-        }
-    }
+fn cpuid_list<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<kvm_cpuid_entry2>, D::Error> {
+    kvm_serde::list(d, "CPUID entries", KVM_MAX_CPUID_ENTRIES)
 }
 
-impl From<&DebugRegs> for kvm_debugregs {
-    fn from(d: &DebugRegs) -> Self {
-        kvm_debugregs {
-            db: d.db,
-            dr6: d.dr6,
-            dr7: d.dr7,
-            flags: d.flags,
-            reserved: [0; 9],
-        }
-    }
-}
-
-/// One vCPU's state as the `KVM_GET_*` ioctls return it.
-#[allow(missing_docs)]
-#[derive(Debug, Default)]
+/// One vCPU's state as the `KVM_GET_*` ioctls return it, and as its section holds it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KvmVcpuState {
+    /// General-purpose registers.
+    #[serde(with = "exact")]
     pub regs: kvm_regs,
+    /// Segment, control and descriptor-table registers.
+    #[serde(with = "exact")]
     pub sregs: kvm_sregs,
+    /// Legacy FPU/SSE state (a hand-written mirror in the file, see [`crate::vcpu`]).
+    #[serde(with = "fpu_serde")]
     pub fpu: kvm_fpu,
+    /// The 4096-byte xsave area (`KVM_GET_XSAVE`; the vmm refuses hosts with a larger one).
+    #[serde(with = "exact")]
     pub xsave: kvm_xsave,
+    /// Extended control registers.
+    #[serde(with = "exact")]
     pub xcrs: kvm_xcrs,
+    /// Model-specific registers, at most `KVM_MAX_MSR_ENTRIES`.
+    #[serde(deserialize_with = "msr_list")]
     pub msrs: Vec<kvm_msr_entry>,
+    /// The local APIC register page.
+    #[serde(with = "exact")]
     pub lapic: kvm_lapic_state,
+    /// `KVM_MP_STATE_*` (runnable, halted, init received, ...).
+    #[serde(with = "exact")]
     pub mp_state: kvm_mp_state,
+    /// Pending exceptions, interrupts, NMIs and SMIs.
+    #[serde(with = "exact")]
     pub events: kvm_vcpu_events,
+    /// Debug registers.
+    #[serde(with = "exact")]
     pub debugregs: kvm_debugregs,
+    /// The CPUID the guest sees (`KVM_GET_CPUID2`), at most `KVM_MAX_CPUID_ENTRIES`.
+    #[serde(deserialize_with = "cpuid_list")]
+    pub cpuid: Vec<kvm_cpuid_entry2>,
+    /// The guest's TSC frequency in kHz (`KVM_GET_TSC_KHZ`).
+    pub tsc_khz: u32,
 }
 
-// By hand: `kvm_xsave` ends in a flexible array (empty here: the legacy
-// 4 KiB area is all KVM_GET_XSAVE fills), so it derives no `Clone`.
+// By hand: `kvm_xsave` has neither `Clone` nor `PartialEq`.
 impl Clone for KvmVcpuState {
     fn clone(&self) -> Self {
+        let mut xsave = kvm_xsave::default();
+        xsave.region = self.xsave.region;
         KvmVcpuState {
-            xsave: kvm_xsave {
-                region: self.xsave.region,
-                ..Default::default()
-            },
+            xsave,
             msrs: self.msrs.clone(),
+            cpuid: self.cpuid.clone(),
             ..*self
         }
     }
 }
 
+impl PartialEq for KvmVcpuState {
+    fn eq(&self, o: &Self) -> bool {
+        self.regs == o.regs
+            && self.sregs == o.sregs
+            && self.fpu == o.fpu
+            && self.xsave.region == o.xsave.region
+            && self.xcrs == o.xcrs
+            && self.msrs == o.msrs
+            && self.lapic == o.lapic
+            && self.mp_state == o.mp_state
+            && self.events == o.events
+            && self.debugregs == o.debugregs
+            && self.cpuid == o.cpuid
+            && self.tsc_khz == o.tsc_khz
+    }
+}
+
 impl VcpuState {
-    /// Converts what the vmm read from KVM for vCPU `id`.
+    /// The section for vCPU `id`, from what the vmm read from KVM.
     pub fn from_kvm(id: u32, k: &KvmVcpuState) -> Self {
-        VcpuState {
-            id,
-            regs: (&k.regs).into(),
-            sregs: (&k.sregs).into(),
-            fpu: (&k.fpu).into(),
-            xsave: xsave_from_kvm(&k.xsave),
-            xcrs: xcrs_from_kvm(&k.xcrs),
-            msrs: msrs_from_kvm(&k.msrs),
-            lapic: lapic_from_kvm(&k.lapic),
-            mp_state: k.mp_state.mp_state,
-            events: (&k.events).into(),
-            debugregs: (&k.debugregs).into(),
-        }
+        VcpuState { id, kvm: k.clone() }
     }
 
-    /// Converts back for the `KVM_SET_*` ioctls; refuses areas of the wrong size.
+    /// The structures for the `KVM_SET_*` ioctls; refuses counts over the kernel's arrays.
     pub fn to_kvm(&self) -> Result<KvmVcpuState> {
-        // Fail on the first bad field before building anything.
-        let fpu = kvm_fpu::try_from(&self.fpu)?;
-        let xsave = xsave_to_kvm(&self.xsave)?;
-        let xcrs = xcrs_to_kvm(&self.xcrs)?;
-        let lapic = lapic_to_kvm(&self.lapic)?;
-        msrs_to_kvm(&self.msrs)?;
-        Ok(KvmVcpuState {
-            regs: (&self.regs).into(),
-            sregs: (&self.sregs).into(),
-            fpu,
-            xsave,
-            xcrs,
-            msrs: self
-                .msrs
-                .iter()
-                .map(|m| kvm_msr_entry {
-                    index: m.index,
-                    reserved: 0,
-                    data: m.data,
-                })
-                .collect(),
-            lapic,
-            mp_state: kvm_mp_state {
-                mp_state: self.mp_state,
-            },
-            events: (&self.events).into(),
-            debugregs: (&self.debugregs).into(),
-        })
+        let k = &self.kvm;
+        at_most("XCRs", k.xcrs.nr_xcrs as usize, KVM_MAX_XCRS as usize)?;
+        at_most("MSRs", k.msrs.len(), KVM_MAX_MSR_ENTRIES)?;
+        at_most("CPUID entries", k.cpuid.len(), KVM_MAX_CPUID_ENTRIES)?;
+        Ok(k.clone())
     }
 }
 
-/// The chip area of a `kvm_irqchip` as bytes.
-pub fn irqchip_from_kvm(chip: &kvm_irqchip) -> Vec<u8> {
-    chip.chip.as_bytes().to_vec()
-}
-
-/// A `kvm_irqchip` for chip `chip_id` from exactly [`IRQCHIP_LEN`] bytes.
-pub fn irqchip_to_kvm(chip_id: u32, bytes: &[u8]) -> Result<kvm_irqchip> {
-    let what = match chip_id {
-        KVM_IRQCHIP_PIC_MASTER => "PIC master state",
-        KVM_IRQCHIP_PIC_SLAVE => "PIC slave state",
-        _ => "IOAPIC state",
-    };
-    let bytes = exact(what, bytes, IRQCHIP_LEN)?;
-    let chip =
-        kvm_irqchip__bindgen_ty_1::read_from_bytes(bytes).map_err(|_| KvmStateError::Length {
-            what,
-            found: bytes.len(),
-            expected: IRQCHIP_LEN,
-        })?;
-    Ok(kvm_irqchip {
-        chip_id,
-        pad: 0,
-        chip,
-    })
-}
-
-impl From<&kvm_pit_channel_state> for PitChannel {
-    fn from(c: &kvm_pit_channel_state) -> Self {
-        PitChannel {
-            count: c.count,
-            latched_count: c.latched_count,
-            count_latched: c.count_latched,
-            status_latched: c.status_latched,
-            status: c.status,
-            read_state: c.read_state,
-            write_state: c.write_state,
-            write_latch: c.write_latch,
-            rw_mode: c.rw_mode,
-            mode: c.mode,
-            bcd: c.bcd,
-            gate: c.gate,
-            count_load_time: c.count_load_time,
-        }
-    }
-}
-
-impl From<&PitChannel> for kvm_pit_channel_state {
-    fn from(c: &PitChannel) -> Self {
-        kvm_pit_channel_state {
-            count: c.count,
-            latched_count: c.latched_count,
-            count_latched: c.count_latched,
-            status_latched: c.status_latched,
-            status: c.status,
-            read_state: c.read_state,
-            write_state: c.write_state,
-            write_latch: c.write_latch,
-            rw_mode: c.rw_mode,
-            mode: c.mode,
-            bcd: c.bcd,
-            gate: c.gate,
-            count_load_time: c.count_load_time,
-        }
-    }
-}
-
-impl From<&kvm_pit_state2> for PitState {
-    fn from(p: &kvm_pit_state2) -> Self {
-        PitState {
-            channels: p.channels.each_ref().map(PitChannel::from),
-            flags: p.flags,
-        }
-    }
-}
-
-impl From<&PitState> for kvm_pit_state2 {
-    fn from(p: &PitState) -> Self {
-        kvm_pit_state2 {
-            channels: p.channels.each_ref().map(kvm_pit_channel_state::from),
-            flags: p.flags,
-            reserved: [0; 9],
-        }
-    }
-}
-
-impl From<&kvm_clock_data> for ClockState {
-    fn from(c: &kvm_clock_data) -> Self {
-        ClockState {
-            clock: c.clock,
-            flags: c.flags,
-            realtime: c.realtime,
-            host_tsc: c.host_tsc,
-        }
-    }
-}
-
-impl From<&ClockState> for kvm_clock_data {
-    fn from(c: &ClockState) -> Self {
-        kvm_clock_data {
-            clock: c.clock,
-            flags: c.flags,
-            realtime: c.realtime,
-            host_tsc: c.host_tsc,
-            ..Default::default()
-        }
-    }
-}
-
-/// The VM-wide state as the `KVM_GET_*` ioctls return it.
-#[allow(missing_docs)]
-#[derive(Clone)]
+/// The VM-wide state as the `KVM_GET_*` ioctls return it, and as the `vm` section holds it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KvmVmState {
+    /// The master 8259 PIC (`KVM_IRQCHIP_PIC_MASTER`).
+    #[serde(with = "exact")]
     pub pic_master: kvm_irqchip,
+    /// The slave 8259 PIC (`KVM_IRQCHIP_PIC_SLAVE`).
+    #[serde(with = "exact")]
     pub pic_slave: kvm_irqchip,
+    /// The IOAPIC (`KVM_IRQCHIP_IOAPIC`).
+    #[serde(with = "exact")]
     pub ioapic: kvm_irqchip,
+    /// The in-kernel PIT (`KVM_GET_PIT2`).
+    #[serde(with = "exact")]
     pub pit: kvm_pit_state2,
+    /// kvmclock (`KVM_GET_CLOCK`).
+    #[serde(with = "exact")]
     pub clock: kvm_clock_data,
 }
 
-impl VmState {
-    /// Converts what the vmm read from KVM.
+// By hand: `kvm_irqchip` (a union inside) has no `PartialEq`; its bytes are its value.
+impl PartialEq for KvmVmState {
+    fn eq(&self, o: &Self) -> bool {
+        self.pic_master.as_bytes() == o.pic_master.as_bytes()
+            && self.pic_slave.as_bytes() == o.pic_slave.as_bytes()
+            && self.ioapic.as_bytes() == o.ioapic.as_bytes()
+            && self.pit == o.pit
+            && self.clock == o.clock
+    }
+}
+
+impl KvmVmState {
+    /// The section, from what the vmm read from KVM (the same structures).
     pub fn from_kvm(k: &KvmVmState) -> Self {
-        VmState {
-            pic_master: irqchip_from_kvm(&k.pic_master),
-            pic_slave: irqchip_from_kvm(&k.pic_slave),
-            ioapic: irqchip_from_kvm(&k.ioapic),
-            pit: (&k.pit).into(),
-            clock: (&k.clock).into(),
-        }
+        k.clone()
     }
 
-    /// Converts back for the `KVM_SET_*` ioctls; refuses chips of the wrong size.
+    /// The structures for the `KVM_SET_*` ioctls; refuses a chip saved under another id.
     pub fn to_kvm(&self) -> Result<KvmVmState> {
-        Ok(KvmVmState {
-            pic_master: irqchip_to_kvm(KVM_IRQCHIP_PIC_MASTER, &self.pic_master)?,
-            pic_slave: irqchip_to_kvm(KVM_IRQCHIP_PIC_SLAVE, &self.pic_slave)?,
-            ioapic: irqchip_to_kvm(KVM_IRQCHIP_IOAPIC, &self.ioapic)?,
-            pit: (&self.pit).into(),
-            clock: (&self.clock).into(),
-        })
+        for (chip, what, expected) in [
+            (&self.pic_master, "PIC master state", KVM_IRQCHIP_PIC_MASTER),
+            (&self.pic_slave, "PIC slave state", KVM_IRQCHIP_PIC_SLAVE),
+            (&self.ioapic, "IOAPIC state", KVM_IRQCHIP_IOAPIC),
+        ] {
+            if chip.chip_id != expected {
+                return Err(KvmStateError::ChipId {
+                    what,
+                    found: chip.chip_id,
+                    expected,
+                });
+            }
+        }
+        Ok(self.clone())
     }
 }

@@ -4,7 +4,9 @@
 //! - [`format`](mod@format): the container (magic, version, named sections, CRC) and its verification;
 //! - [`memory`]: guest RAM as runs of non-zero pages, checked against the VM's layout;
 //! - [`vcpu`], [`vm`], [`devices`]: serde `State` types for every component;
-//! - [`kvm`]: conversions between those types and the `kvm-bindings` structures;
+//! - [`kvm`]: the `kvm-bindings` structures the vCPU and VM sections hold, and their checks;
+//! - [`kvm_serde`]: kvm-bindings' serde of those structures, held to exact sizes;
+//! - [`tsc`]: whether a restore can give the guest its saved TSC frequency;
 //! - [`manifest`]: what VM a snapshot is of, and the compatibility check of a restore.
 //!
 //! It makes no KVM call, starts no thread and touches no guest memory: the vmm reads state
@@ -12,10 +14,11 @@
 //! from a file is treated as hostile: verified before use, never a cause of a panic or of
 //! an allocation larger than the file.
 //!
-//! State sections are JSON (`serde_json`): each is small (a vCPU is a few KiB), JSON is
-//! self-describing and debuggable with `jq`, and binary areas are hex strings. Every state
-//! type denies unknown fields: the format version covers the container *and* the schema
-//! of each section, so a change to either bumps [`format::FORMAT_VERSION`].
+//! State sections are JSON (`serde_json`): each is small (a vCPU is a few tens of KiB), JSON
+//! is self-describing and debuggable with `jq`. KVM structures are written as kvm-bindings
+//! writes them (their bytes, a JSON array of numbers); other binary areas are hex strings.
+//! Every state type denies unknown fields: the format version covers the container *and*
+//! the schema of each section, so a change to either bumps [`format::FORMAT_VERSION`].
 //!
 //! # Section names in a tandem snapshot
 //! `manifest` (first), `vm`, `vcpu.<index>`, `dev.<device id>`, `memory` (last, the
@@ -41,9 +44,14 @@ pub mod format;
 pub mod hex;
 #[cfg(target_arch = "x86_64")]
 pub mod kvm;
+#[cfg(target_arch = "x86_64")]
+pub mod kvm_serde;
 pub mod manifest;
 pub mod memory;
+pub mod tsc;
+#[cfg(target_arch = "x86_64")]
 pub mod vcpu;
+#[cfg(target_arch = "x86_64")]
 pub mod vm;
 
 use serde::de::DeserializeOwned;

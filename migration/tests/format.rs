@@ -6,7 +6,9 @@ mod common;
 use std::io::{BufWriter, Write};
 
 use common::{build, forge, open, reseal, Raw};
-use migration::format::{FormatError, SectionKind, SnapshotWriter, MAX_STATE_SECTION};
+use migration::format::{
+    FormatError, SectionKind, SnapshotWriter, FORMAT_VERSION, MAX_STATE_SECTION,
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -156,12 +158,13 @@ fn foreign_files_are_refused() {
 
 #[test]
 fn other_format_versions_are_refused() {
-    for version in [0, 2, u32::MAX] {
+    assert_eq!(FORMAT_VERSION, 2);
+    for version in [0, 1, 3, u32::MAX] {
         let file = forge(version, &[]);
         let err = open(&file).err().unwrap();
         assert_eq!(
             err.to_string(),
-            format!("snapshot format version {version}, this tandem reads 1")
+            format!("snapshot format version {version}, this tandem reads 2")
         );
     }
 }
@@ -170,7 +173,7 @@ fn other_format_versions_are_refused() {
 fn hostile_section_lengths_are_refused_without_allocating() {
     for (kind, len) in [(1u8, u64::MAX), (2, u64::MAX), (1, 1 << 40), (2, 100)] {
         let file = forge(
-            1,
+            FORMAT_VERSION,
             &[Raw {
                 kind,
                 name: "x",
@@ -183,7 +186,7 @@ fn hostile_section_lengths_are_refused_without_allocating() {
     }
     // The same lengths in a file whose trailer is cut off read as truncation.
     let mut file = forge(
-        1,
+        FORMAT_VERSION,
         &[Raw {
             kind: 2,
             name: "x",
@@ -202,7 +205,7 @@ fn hostile_section_lengths_are_refused_without_allocating() {
 fn state_sections_over_the_cap_are_refused() {
     let big = vec![b' '; MAX_STATE_SECTION as usize + 1];
     let file = forge(
-        1,
+        FORMAT_VERSION,
         &[Raw {
             kind: 1,
             name: "vm",
@@ -245,16 +248,16 @@ fn forged_structures_are_refused() {
         body: b"{}",
     };
     let cases = [
-        forge(1, &[raw(9, "x")]),
-        forge(1, &[raw(1, "a b")]),
-        forge(1, &[raw(1, "x"), raw(1, "x")]),
+        forge(FORMAT_VERSION, &[raw(9, "x")]),
+        forge(FORMAT_VERSION, &[raw(1, "a b")]),
+        forge(FORMAT_VERSION, &[raw(1, "x"), raw(1, "x")]),
     ];
     for file in cases {
         let err = open(&file).err().unwrap();
         assert!(matches!(err, FormatError::Malformed { .. }), "{err}");
     }
     // A trailer that miscounts the sections.
-    let mut file = forge(1, &[raw(1, "x")]);
+    let mut file = forge(FORMAT_VERSION, &[raw(1, "x")]);
     file.truncate(file.len() - 4);
     let count_at = file.len() - 12;
     file[count_at] = 2;
@@ -263,7 +266,7 @@ fn forged_structures_are_refused() {
         FormatError::Malformed { .. }
     ));
     // A nonzero reserved header field.
-    let mut file = forge(1, &[]);
+    let mut file = forge(FORMAT_VERSION, &[]);
     file.truncate(file.len() - 4);
     file[12] = 1;
     assert!(matches!(

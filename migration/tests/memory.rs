@@ -4,7 +4,7 @@
 mod common;
 
 use common::{forge, open, Raw};
-use migration::format::SnapshotWriter;
+use migration::format::{SnapshotWriter, FORMAT_VERSION};
 use migration::memory::{is_zero, scan_runs, ImageStats, Run, PAGE_SIZE};
 use migration::{read_memory, validate_memory, write_memory, MemoryError};
 use proptest::prelude::*;
@@ -55,7 +55,7 @@ fn forged(runs: &[(u64, u32)], data_pages: usize) -> Vec<u8> {
 
 fn forged_raw(b: &[u8]) -> Vec<u8> {
     forge(
-        1,
+        FORMAT_VERSION,
         &[Raw {
             kind: 2,
             name: "memory",
@@ -318,7 +318,7 @@ fn a_failing_sink_is_reported_with_its_address() {
 
 #[test]
 fn a_missing_memory_section_is_named() {
-    let file = forge(1, &[]);
+    let file = forge(FORMAT_VERSION, &[]);
     let err = restore(&file, &[(0, MIB)]).err().unwrap();
     assert_eq!(err.to_string(), "the snapshot has no section \"memory\"");
 }

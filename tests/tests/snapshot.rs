@@ -5,15 +5,21 @@
 //! snapshot, a SIGKILL of the VMM and a restore in a new process on the same
 //! tap; the same file restores again (on a copy of the disk). Damaged,
 //! truncated and foreign files, a memory mismatch and a different device
-//! set are refused before anything starts.
+//! set are refused before anything starts. Each vCPU's CPUID and TSC
+//! frequency are in the file and restored as saved; a file of format
+//! version 1, and one whose TSC frequency this host cannot give, are
+//! refused.
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use migration::vcpu::VcpuState;
+use migration::{section, Manifest, SectionKind, SnapshotReader, SnapshotWriter};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tandem_tests::base::{base, DISK_ID, GUEST_IP0, HOST_IP0, MAC0, MAC1, PREFIX};
@@ -80,6 +86,29 @@ fn refused(file: &Path, extra: &[&str], expect: &str) {
     args.extend_from_slice(extra);
     let start = Instant::now();
     let out = tandem_output(&args);
+    check_refusal(out, start, file, extra, expect);
+}
+
+/// The same, in `ns` (for a refusal that comes after the taps are opened).
+fn refused_in(ns: &NetNs, file: &Path, extra: &[&str], expect: &str) {
+    let start = Instant::now();
+    let out = ns
+        .command(tandem_bin().to_str().unwrap())
+        .args(["run", "--restore", file.to_str().unwrap()])
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run tandem");
+    check_refusal(out, start, file, extra, expect);
+}
+
+fn check_refusal(
+    out: std::process::Output,
+    start: Instant,
+    file: &Path,
+    extra: &[&str],
+    expect: &str,
+) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{file:?} {extra:?}: {err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
@@ -149,6 +178,83 @@ fn sum_of(out: &str, name: &str) -> String {
             _ => None,
         })
         .unwrap_or_else(|| panic!("no sum for {name} in: {out}"))
+}
+
+/// Each vCPU's saved state, read with the migration crate's own reader.
+fn saved_cpus(file: &Path) -> Vec<VcpuState> {
+    let mut r = SnapshotReader::open(File::open(file).expect("snapshot")).expect("verified");
+    let m: Manifest = r.read_state(section::MANIFEST).expect("manifest");
+    (0..m.vcpus)
+        .map(|i| r.read_state(&section::vcpu(i)).expect("vCPU section"))
+        .collect()
+}
+
+/// Checks that every vCPU of `file` carries a CPUID of its own and a TSC
+/// frequency; returns vCPU 0's frequency.
+fn check_saved_cpus(file: &Path) -> u32 {
+    let cpus = saved_cpus(file);
+    assert!(!cpus.is_empty());
+    for (i, v) in cpus.iter().enumerate() {
+        let (cpuid, khz) = (&v.kvm.cpuid, v.kvm.tsc_khz);
+        let leaf = |f: u32| cpuid.iter().find(|e| e.function == f && e.index == 0);
+        let max_basic = leaf(0).map(|e| e.eax);
+        assert!(
+            max_basic >= Some(1),
+            "vCPU {i}: no CPUID leaf 0 in {cpuid:?}"
+        );
+        let apic_id = leaf(1).map(|e| e.ebx >> 24);
+        assert_eq!(apic_id, Some(i as u32), "vCPU {i}: CPUID leaf 1");
+        assert!(khz > 0, "vCPU {i}: no TSC frequency");
+        eprintln!("vCPU {i}: {} CPUID entries, TSC {khz} kHz", cpuid.len());
+    }
+    cpus[0].kvm.tsc_khz
+}
+
+/// A whole copy of snapshot `from` at `to`, vCPU 0's state changed by
+/// `edit`, written by the migration crate's writer (a forged but well-formed
+/// file: every section, memory included, copied as it was).
+fn rewrite_vcpu0(from: &Path, to: &Path, edit: impl FnOnce(&mut VcpuState)) {
+    let mut r = SnapshotReader::open(File::open(from).unwrap()).unwrap();
+    let mut w = SnapshotWriter::new(BufWriter::new(File::create(to).unwrap())).unwrap();
+    let mut edit = Some(edit);
+    for s in r.sections().to_vec() {
+        match s.kind {
+            SectionKind::State if s.name == section::vcpu(0) => {
+                let mut v: VcpuState = r.read_state(&s.name).unwrap();
+                (edit.take().unwrap())(&mut v);
+                w.write_state(&s.name, &v).unwrap();
+            }
+            SectionKind::State => {
+                let body = r.read_state_bytes(&s.name).unwrap();
+                w.write_section(&s.name, s.kind, &body).unwrap();
+            }
+            kind => {
+                let (len, mut body) = r.section_reader(&s.name, kind).unwrap();
+                w.write_section_with(&s.name, kind, len, |out| {
+                    std::io::copy(&mut body, out).map(drop)
+                })
+                .unwrap();
+            }
+        }
+    }
+    w.finish()
+        .unwrap()
+        .into_inner()
+        .unwrap()
+        .sync_all()
+        .unwrap();
+}
+
+/// Whether this host's KVM scales a guest's TSC (`KVM_CAP_TSC_CONTROL`).
+fn kvm_scales_tsc() -> bool {
+    use std::os::fd::AsRawFd;
+    const KVM_CHECK_EXTENSION: libc::c_ulong = 0xae03;
+    const KVM_CAP_TSC_CONTROL: libc::c_ulong = 60;
+    let kvm = File::open("/dev/kvm").expect("/dev/kvm");
+    // SAFETY: KVM_CHECK_EXTENSION takes an integer and touches no memory of
+    // ours; `kvm` is an open /dev/kvm for the whole call.
+    let r = unsafe { libc::ioctl(kvm.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_TSC_CONTROL) };
+    r > 0
 }
 
 #[test]
@@ -249,6 +355,7 @@ fn snapshot_restore_twice_and_refusals() {
         !scratch("vm.snap.tmp").exists(),
         "temporary file left behind"
     );
+    let tsc_khz = check_saved_cpus(&file);
     drop(vm); // SIGKILL
     std::fs::copy(&disk, &disk_at_snapshot).unwrap();
     go_tx.send(()).unwrap();
@@ -288,6 +395,17 @@ fn snapshot_restore_twice_and_refusals() {
     );
     assert_eq!(ctl(&sock_b, &["status"]).1["state"], "paused");
     assert_eq!(ctl(&sock_b, &["resume"]).0, 0);
+    // The restored vCPUs run with the CPUID and TSC frequency of the file.
+    let cpu = |f: &Path| -> Vec<_> {
+        saved_cpus(f)
+            .into_iter()
+            .map(|v| (v.kvm.cpuid, v.kvm.tsc_khz))
+            .collect()
+    };
+    assert!(
+        cpu(&file2) == cpu(&file),
+        "a restored VM saves another CPUID or TSC frequency"
+    );
     // The restored guest writes its page cache back: the file is on disk.
     vm.ok("umount /mnt", CMD);
     drop(vm);
@@ -328,6 +446,15 @@ fn snapshot_restore_twice_and_refusals() {
     let foreign = scratch("foreign.snap");
     std::fs::write(&foreign, b"#!/bin/sh\necho this is not a snapshot\n").unwrap();
     refused(&foreign, &[], "not a tandem snapshot");
+    let version1 = scratch("version1.snap");
+    let mut v1 = bytes.clone();
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&version1, &v1).unwrap();
+    refused(
+        &version1,
+        &[],
+        "snapshot format version 1, this tandem reads 2",
+    );
     let same_disk = format!("path={}", disk_at_snapshot.display());
     let [net0, net1] = nets();
     let devices = ["--net", &net0, "--net", &net1, "--disk", &same_disk];
@@ -368,12 +495,37 @@ fn snapshot_restore_twice_and_refusals() {
     );
     refused(&scratch("missing.snap"), &[], "cannot open snapshot");
 
+    // A guest TSC slower than this host's: KVM runs it only with TSC
+    // scaling; without, the restore is refused naming both frequencies.
+    let slow = scratch("slow-tsc.snap");
+    rewrite_vcpu0(&file, &slow, |v| v.kvm.tsc_khz = tsc_khz / 2);
+    let slow_args = with(&[]);
+    let slow_args: Vec<&str> = slow_args.iter().map(String::as_str).collect();
+    if kvm_scales_tsc() {
+        let mut vm = restore_in(&ns, &slow, &disk_at_snapshot, None);
+        vm.ok("true", CMD);
+        eprintln!("TSC scaled: the guest runs at {} kHz", tsc_khz / 2);
+    } else {
+        refused_in(
+            &ns,
+            &slow,
+            &slow_args,
+            &format!(
+                "restoring vCPU 0: the snapshot's guest TSC runs at {} kHz, this host's at \
+                 {tsc_khz} kHz, and KVM cannot scale it here",
+                tsc_khz / 2
+            ),
+        );
+    }
+
     for f in [
         &file,
         &file2,
         &damaged,
         &truncated,
         &foreign,
+        &version1,
+        &slow,
         &disk,
         &disk_at_snapshot,
         &small,

@@ -484,10 +484,22 @@ mod tests {
     #[test]
     fn a_bad_vm_section_is_refused_before_anything_is_built() {
         let p = file_with("vm", &manifest(128 << 20, 1, vec![]), |w| {
+            let empty_chip = serde_json::json!({ "pic_master": [] });
+            w.write_state(section::VM, &empty_chip).unwrap();
+        });
+        let e = load_err(&p, None, None);
+        assert!(
+            e.contains("section \"vm\" does not decode: kvm_irqchip is 0 bytes, KVM takes 520"),
+            "{e}"
+        );
+        let p = file_with("vm-ids", &manifest(128 << 20, 1, vec![]), |w| {
             w.write_state(section::VM, &VmWideState::default()).unwrap();
         });
         let e = load_err(&p, None, None);
-        assert!(e.contains("section vm: PIC master state is 0 bytes"), "{e}");
+        assert!(
+            e.contains("section vm: PIC slave state has chip id 0, KVM's is 1"),
+            "{e}"
+        );
     }
 
     #[test]

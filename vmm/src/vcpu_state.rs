@@ -8,6 +8,15 @@
 //! `KVM_RUN`; without this an `IN` the vCPU just served would be lost).
 //! Apply runs on the VMM thread before the vCPU thread starts.
 //!
+//! # CPUID and TSC frequency
+//! Capture saves the CPUID the guest sees (`KVM_GET_CPUID2`) and its TSC
+//! frequency (`KVM_GET_TSC_KHZ`), so that a restore on another host
+//! presents the same CPU. Apply sets the saved CPUID first, replacing what
+//! the VM builder derived from this host, then matches the TSC frequency:
+//! equal, nothing to do; otherwise `KVM_SET_TSC_KHZ` to the saved one, and
+//! if KVM refuses (no TSC scaling here, a rate below the host's), the
+//! restore is refused naming both frequencies (`migration::tsc`).
+//!
 //! # MSRs saved
 //! Every MSR in `KVM_GET_MSR_INDEX_LIST` (KVM's `msrs_to_save` and
 //! `emulated_msrs`: the ones KVM itself declares it can save and restore,
@@ -17,9 +26,10 @@
 //! (TSC deadline depends on it); an MSR KVM refuses to write is an error.
 
 use crate::kvm_util::{kvm_op, KvmOp};
-use kvm_bindings::{kvm_msr_entry, Msrs};
+use kvm_bindings::{kvm_msr_entry, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VcpuFd};
 use migration::kvm::{KvmStateError, KvmVcpuState};
+use migration::tsc::{self, TscMatch, TscMismatch};
 
 /// vCPU state errors.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +46,10 @@ pub enum VcpuStateError {
     },
     #[error("this host's xsave area is {0} bytes; tandem saves 4096")]
     XsaveSize(i32),
+    #[error("{count} saved CPUID entries, KVM takes at most {KVM_MAX_CPUID_ENTRIES}")]
+    CpuidCount { count: usize },
+    #[error(transparent)]
+    Tsc(#[from] TscMismatch),
 }
 
 /// The MSR indices KVM declares it can save (see the module doc).
@@ -110,12 +124,40 @@ pub fn capture(fd: &VcpuFd, msr_indices: &[u32]) -> Result<KvmVcpuState, VcpuSta
         lapic: fd.get_lapic().map_err(kvm_op("read the LAPIC"))?,
         msrs: read_msrs(fd, msr_indices)?,
         events: fd.get_vcpu_events().map_err(kvm_op("read vCPU events"))?,
+        cpuid: fd
+            .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_op("read CPUID"))?
+            .as_slice()
+            .to_vec(),
+        tsc_khz: fd.get_tsc_khz().map_err(kvm_op("read the TSC frequency"))?,
     })
 }
 
-/// Writes a saved state into a vCPU that has its CPUID set and has not run,
-/// in the order KVM needs (see `migration::kvm`).
+/// Sets the saved CPUID, then gives the guest its saved TSC frequency or
+/// refuses this host (see the module doc).
+fn apply_cpu(fd: &VcpuFd, s: &KvmVcpuState) -> Result<(), VcpuStateError> {
+    let cpuid = CpuId::from_entries(&s.cpuid).map_err(|_| VcpuStateError::CpuidCount {
+        count: s.cpuid.len(),
+    })?;
+    fd.set_cpuid2(&cpuid)
+        .map_err(kvm_op("set the saved CPUID"))?;
+    let host_khz = fd.get_tsc_khz().map_err(kvm_op("read the TSC frequency"))?;
+    let how = tsc::match_tsc(s.tsc_khz, host_khz, |khz| {
+        fd.set_tsc_khz(khz).map_err(kvm_op("set the TSC frequency"))
+    })?;
+    if how == TscMatch::Set {
+        log::info!(
+            "restore: guest TSC at its saved {} kHz on this {host_khz} kHz host",
+            s.tsc_khz
+        );
+    }
+    Ok(())
+}
+
+/// Writes a saved state into a vCPU that has not run, in the order KVM
+/// needs (see `migration::kvm`): the saved CPUID and TSC frequency first.
 pub fn apply(fd: &VcpuFd, s: &KvmVcpuState) -> Result<(), VcpuStateError> {
+    apply_cpu(fd, s)?;
     fd.set_mp_state(s.mp_state)
         .map_err(kvm_op("set mp_state"))?;
     fd.set_regs(&s.regs).map_err(kvm_op("set registers"))?;
@@ -194,5 +236,37 @@ mod tests {
         assert_eq!(again.sregs.cr0, saved.sregs.cr0);
         let indices_of = |m: &[kvm_msr_entry]| m.iter().map(|e| e.index).collect::<Vec<_>>();
         assert_eq!(indices_of(&again.msrs), indices_of(&saved.msrs));
+        // KVM's answer is the table set, as KVM adjusted it (kvm_pvm adds
+        // the host's own features to leaves 1, 7 and 0xd); set again, it
+        // reads back the same.
+        let leaves = |c: &[kvm_bindings::kvm_cpuid_entry2]| {
+            c.iter().map(|e| (e.function, e.index)).collect::<Vec<_>>()
+        };
+        assert_eq!(leaves(&saved.cpuid), leaves(table.as_slice()));
+        assert_eq!(again.cpuid, saved.cpuid);
+        assert!(saved.tsc_khz > 0);
+        assert_eq!(again.tsc_khz, saved.tsc_khz);
+
+        // A TSC frequency below this host's: KVM takes it only with TSC
+        // scaling; without, the restore is refused naming both frequencies.
+        let mut slower = saved.clone();
+        slower.tsc_khz = saved.tsc_khz / 2;
+        let vm3 = kvm.create_vm().unwrap();
+        vm3.create_irq_chip().unwrap();
+        let c = vm3.create_vcpu(0).unwrap();
+        let r = apply(&c, &slower);
+        if kvm.check_extension(kvm_ioctls::Cap::TscControl) {
+            r.unwrap();
+            assert_eq!(c.get_tsc_khz().unwrap(), slower.tsc_khz);
+        } else {
+            let e = r.unwrap_err().to_string();
+            let want = format!(
+                "the snapshot's guest TSC runs at {} kHz, this host's at {} kHz, \
+                 and KVM cannot scale it here",
+                slower.tsc_khz, saved.tsc_khz
+            );
+            assert!(e.starts_with(&want), "{e}");
+            eprintln!("refused as expected: {e}");
+        }
     }
 }

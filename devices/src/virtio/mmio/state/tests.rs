@@ -120,7 +120,11 @@ fn a_live_transport_is_reset_then_restored() {
     state.queues[0].next_avail = 2;
     state.queues[0].next_used = 2;
     t.restore(&state).unwrap();
-    assert_eq!(t.save().unwrap(), state, "the saved state, not the live one");
+    assert_eq!(
+        t.save().unwrap(),
+        state,
+        "the saved state, not the live one"
+    );
 
     // A refused state leaves the running transport as it was.
     let before = t.save().unwrap();
