@@ -9,3 +9,4 @@
 
 pub mod fixtures;
 pub mod mmio;
+pub mod restore;
