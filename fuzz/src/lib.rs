@@ -8,5 +8,7 @@
 //! writes is cleared by that target first).
 
 pub mod fixtures;
+pub mod frames;
 pub mod mmio;
 pub mod restore;
+pub mod virtq;
