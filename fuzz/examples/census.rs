@@ -36,7 +36,7 @@ fn main() {
         }
     }
     let mut sorted: Vec<_> = outcomes.into_iter().collect();
-    sorted.sort_by(|a, b| b.1.cmp(&a.1));
+    sorted.sort_by_key(|e| std::cmp::Reverse(e.1));
     for (outcome, n) in sorted {
         println!("{n:6} {outcome}");
     }
