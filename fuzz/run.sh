@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the cargo-fuzz targets in fuzz/fuzz_targets and runs each for N
 # seconds (default 20) on a copy of its seeds, fuzz/seeds/<target> when
-# there are any, in a temporary corpus: the repository is not written,
+# there are any, in a temporary corpus (with fuzz/dicts/<target>.dict as
+# its dictionary when there is one): the repository is not written,
 # except for a crashing input, kept in fuzz/artifacts/<target>/ (ignored
-# by git). Stops at the first finding (crash, leak, timeout, out of
-# memory), prints the target and the input, and exits 1.
+# by git). Stops at the first finding (crash, leak, an input that runs
+# over 30 s, out of memory), prints the target and the input, and exits 1.
 #
 #   fuzz/run.sh [--seconds N] [--target NAME]...
 #
@@ -13,7 +14,7 @@
 # niced, for a machine that runs other work.
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 
 seconds=20
 targets=()
@@ -64,9 +65,12 @@ for t in "${targets[@]}"; do
         cp -R "seeds/$t/." "$corpus/"
     fi
     log=$tmp/$t.log
+    opts=(-max_total_time="$seconds" -timeout=30 -artifact_prefix="$PWD/artifacts/$t/")
+    if [[ -f dicts/$t.dict ]]; then
+        opts+=(-dict="$PWD/dicts/$t.dict")
+    fi
     echo "run.sh: $t for ${seconds}s on $(find "$corpus" -type f | wc -l) seeds"
-    if ! "${cargo[@]}" fuzz run "$t" "$corpus" -- \
-        -max_total_time="$seconds" -artifact_prefix="$PWD/artifacts/$t/" >"$log" 2>&1; then
+    if ! "${cargo[@]}" fuzz run "$t" "$corpus" -- "${opts[@]}" >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         echo >&2
         grep -m 3 -A 1 -E 'panicked at|==ERROR|deadly signal|timeout after|out-of-memory' "$log" >&2 || true

@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let word = |i: usize| u64::from_le_bytes(data[i * 8..i * 8 + 8].try_into().unwrap());
     let (rip, rbp, rsp, cr3, cr4, va) = (word(0), word(1), word(2), word(3), word(4), word(5));
-    let mem = devices::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
     // The rest of the input is scattered over guest memory, 8 bytes at an
     // address the input also picks, so page tables can point into it.
     for chunk in data[48..].chunks_exact(16) {

@@ -85,13 +85,20 @@ impl Net {
             // Bounded to 1 GiB by the caller; the ioctl takes an int.
             tap.set_sndbuf(i32::try_from(bytes).unwrap_or(i32::MAX))?;
         }
-        Ok(Net {
+        Ok(Net::with_tap(config, tap, activate_evt))
+    }
+
+    /// Builds the device on a tap already open (`config.tap` and
+    /// `config.sndbuf` are not applied to it). The fuzz targets share one
+    /// tap between the devices they build: creating a tap takes ~17 ms.
+    pub fn with_tap(config: NetConfig, tap: Arc<Tap>, activate_evt: EventFd) -> Net {
+        Net {
             config,
             tap,
             state: Arc::new(Mutex::new(NetState::default())),
             activate_evt,
             metrics: Arc::new(NetMetrics::default()),
-        })
+        }
     }
 
     /// The tap, shared with the handler.
