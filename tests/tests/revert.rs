@@ -49,6 +49,9 @@ fn a_running_vm_goes_back_to_its_snapshot() {
     assert_eq!(a["state"], "running", "{a}");
     assert!(a["pages"].as_u64().unwrap_or(0) > 1000, "{a}");
     eprintln!("revert: {a}");
+    // The shell is back where the snapshot caught it and may print its
+    // prompt again: one command first, as after any restore.
+    vm.ok("true", CMD);
     assert_eq!(vm.ok("cat /tmp/marker", CMD), "one");
     let (_, code) = vm.run("test -e /tmp/later", CMD);
     assert_ne!(code, 0, "/tmp/later was written after the snapshot");
@@ -77,6 +80,7 @@ fn a_running_vm_goes_back_to_its_snapshot() {
     let (code, a) = ctl(&sock, &["revert", snap.to_str().unwrap()]);
     assert_eq!((code, a["state"].as_str()), (0, Some("paused")), "{a}");
     assert_eq!(ctl(&sock, &["resume"]).0, 0);
+    vm.ok("true", CMD);
     assert_eq!(vm.ok("cat /tmp/marker", CMD), "one");
     ping(&ns);
 }
