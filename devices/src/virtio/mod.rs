@@ -5,6 +5,7 @@
 //! negotiated features and ready queues when the driver sets DRIVER_OK.
 
 pub mod block;
+pub mod drain;
 pub mod mmio;
 pub mod net;
 #[cfg(test)]

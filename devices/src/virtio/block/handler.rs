@@ -4,12 +4,12 @@
 //!
 //! Runtime events are registered only once the driver activates the device.
 //! A hostile ring (an available index more than a queue ahead) ends the
-//! batch instead of spinning: the VMM thread is never held by a guest.
+//! batch instead of spinning ([`drain`]): the VMM thread is never held by a
+//! guest.
 
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use virtio_queue::QueueT;
 use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -17,6 +17,7 @@ use super::device::BlockState;
 use super::disk::{DiskFile, ID_BYTES};
 use super::metrics::BlockMetrics;
 use super::request::{self, Request};
+use crate::virtio::drain::{drain, Served};
 use crate::virtio::mmio::Interrupt;
 use crate::virtio::INT_USED_RING;
 
@@ -68,54 +69,38 @@ impl BlockHandler {
         let Some(active) = state.active.as_mut() else {
             return 0;
         };
-        let mut completed = 0usize;
-        let mut popped = true;
-        loop {
-            let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) else {
-                if !popped {
-                    // More is "available", yet nothing can be taken.
-                    log::debug!("virtio-blk {}: bad available ring index", self.name());
-                    BlockMetrics::add(&self.metrics.malformed_chains, 1);
-                    break;
-                }
-                popped = false;
-                // With EVENT_IDX, re-enable notifications and look once more.
-                match active.queue.enable_notification(&active.mem) {
-                    Ok(true) => continue,
-                    _ => break,
-                }
-            };
-            popped = true;
+        let (disk, id, metrics) = (&*self.disk, &self.id, &*self.metrics);
+        let (mem, acked) = (&active.mem, active.acked);
+        let r = drain(&mut active.queue, mem, |chain| {
             let head = chain.head_index();
-            let used_len = match Request::parse(chain, &active.mem) {
+            Served::Used(match Request::parse(chain, mem) {
                 Ok(req) => {
-                    let c = request::execute(&req, &active.mem, &self.disk, active.acked, &self.id);
-                    self.metrics.record(c.outcome);
+                    let c = request::execute(&req, mem, disk, acked, id);
+                    metrics.record(c.outcome);
                     c.used_len
                 }
                 Err(rejected) => {
                     log::debug!(
                         "virtio-blk {}: bad chain {head}: {}",
-                        self.name(),
+                        disk.path().display(),
                         rejected.error
                     );
-                    BlockMetrics::add(&self.metrics.malformed_chains, 1);
+                    BlockMetrics::add(&metrics.malformed_chains, 1);
                     match rejected.status {
-                        Some(at) if active.mem.write_obj(request::status::IOERR, at).is_ok() => 1,
+                        Some(at) if mem.write_obj(request::status::IOERR, at).is_ok() => 1,
                         _ => 0,
                     }
                 }
-            };
-            if active.queue.add_used(&active.mem, head, used_len).is_err() {
-                BlockMetrics::add(&self.metrics.malformed_chains, 1);
-                continue;
-            }
-            completed += 1;
+            })
+        });
+        if r.faults > 0 {
+            log::debug!("virtio-blk {}: bad available ring", self.name());
+            BlockMetrics::add(&self.metrics.malformed_chains, r.faults);
         }
-        if completed > 0 && active.queue.needs_notification(&active.mem).unwrap_or(true) {
+        if r.notify {
             self.interrupt.trigger(INT_USED_RING);
         }
-        completed
+        r.used
     }
 
     fn register_runtime(&mut self, ops: &mut EventOps) {
@@ -159,8 +144,6 @@ impl MutEventSubscriber for BlockHandler {
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::FileExt;
-
-    use vm_memory::GuestAddress;
 
     use super::*;
     use crate::virtio::block::device::Active;
@@ -306,9 +289,7 @@ mod tests {
         let d = Driver::new(16);
         let (mut h, _irq, _raw) = handler(&d, false);
         // avail.idx = 1000: far more than a queue's worth.
-        d.mem
-            .write_obj(1000u16, GuestAddress(crate::virtio::test_util::AVAIL + 2))
-            .unwrap();
+        d.set_avail_idx(1000);
         assert_eq!(h.process_queue(), 0);
         assert_eq!(h.metrics.snapshot().malformed_chains, 1);
     }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use virtio_queue::{QueueOwnedT, QueueT};
+use virtio_queue::QueueT;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
@@ -31,6 +31,7 @@ use super::rsc::{RscConfig, RscCounters};
 use super::rx_pump::{Guest, RxPump};
 use super::tap::{Tap, VNET_HDR_LEN};
 use super::tx::{self, MAX_TX_FRAME};
+use crate::virtio::drain::{drain, Served};
 use crate::virtio::mmio::Interrupt;
 use crate::virtio::INT_USED_RING;
 
@@ -157,62 +158,37 @@ impl NetHandler {
         let Some(active) = state.active.as_mut() else {
             return false;
         };
-        let mut blocked = false;
-        let mut completed = false;
-        let mut popped = true;
-        loop {
-            let Some(chain) = active.tx.pop_descriptor_chain(&active.mem) else {
-                if !popped {
-                    // More is "available", yet nothing can be taken: a
-                    // hostile available index. Stop until the next notify
-                    // instead of spinning on the VMM thread.
-                    NetMetrics::add(&self.metrics.malformed_chains, 1);
-                    break;
-                }
-                popped = false;
-                // With EVENT_IDX, re-enable notifications and look once more.
-                match active.tx.enable_notification(&active.mem) {
-                    Ok(true) => continue,
-                    _ => break,
-                }
-            };
-            popped = true;
-            let head = chain.head_index();
-            match tx::gather(chain, &active.mem, &mut self.tx_buf) {
-                Ok(()) => match self.tap.write_frame(&self.tx_buf) {
+        let (buf, metrics, tap) = (&mut self.tx_buf, &*self.metrics, &self.tap);
+        let mem = &active.mem;
+        let r = drain(&mut active.tx, mem, |chain| {
+            match tx::gather(chain, mem, buf) {
+                Ok(()) => match tap.write_frame(buf) {
                     Ok(_) => {
-                        NetMetrics::add(&self.metrics.tx_packets, 1);
-                        NetMetrics::add(
-                            &self.metrics.tx_bytes,
-                            (self.tx_buf.len() - VNET_HDR_LEN) as u64,
-                        );
+                        NetMetrics::add(&metrics.tx_packets, 1);
+                        NetMetrics::add(&metrics.tx_bytes, (buf.len() - VNET_HDR_LEN) as u64);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         // Leave the chain in the queue; resume on EPOLLOUT.
-                        active.tx.go_to_previous_position();
-                        NetMetrics::add(&self.metrics.tap_full_waits, 1);
-                        blocked = true;
-                        break;
+                        NetMetrics::add(&metrics.tap_full_waits, 1);
+                        return Served::PutBack;
                     }
                     Err(e) => {
-                        log::debug!("virtio-net {}: tap write: {e}", self.tap.name());
-                        NetMetrics::add(&self.metrics.drops, 1);
+                        log::debug!("virtio-net {}: tap write: {e}", tap.name());
+                        NetMetrics::add(&metrics.drops, 1);
                     }
                 },
                 Err(e) => {
-                    log::debug!("virtio-net {}: bad TX chain: {e}", self.tap.name());
-                    NetMetrics::add(&self.metrics.malformed_chains, 1);
+                    log::debug!("virtio-net {}: bad TX chain: {e}", tap.name());
+                    NetMetrics::add(&metrics.malformed_chains, 1);
                 }
             }
-            if active.tx.add_used(&active.mem, head, 0).is_err() {
-                NetMetrics::add(&self.metrics.malformed_chains, 1);
-            }
-            completed = true;
-        }
-        if completed && active.tx.needs_notification(&active.mem).unwrap_or(true) {
+            Served::Used(0)
+        });
+        NetMetrics::add(&metrics.malformed_chains, r.faults);
+        if r.notify {
             self.interrupt.trigger(INT_USED_RING);
         }
-        blocked
+        r.put_back
     }
 
     /// Moves frames from the tap to the guest. Returns whether to stop
