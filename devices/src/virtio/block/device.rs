@@ -153,13 +153,14 @@ impl VirtioDevice for Block {
         mem: GuestMemoryMmap,
     ) -> Result<(), ActivateError> {
         if queues.len() != 1 {
-            return Err(ActivateError::Device("virtio-blk needs 1 queue".into()));
+            return Err(ActivateError::QueueCount {
+                wanted: 1,
+                got: queues.len(),
+            });
         }
         let queue = queues.pop().ok_or(ActivateError::BadQueue(0))?;
         crate::bus::lock(&self.state).active = Some(Active { queue, mem, acked });
-        self.activate_evt
-            .write(1)
-            .map_err(|e| ActivateError::Device(e.to_string()))
+        self.activate_evt.write(1).map_err(ActivateError::Notify)
     }
 
     fn reset(&mut self) {

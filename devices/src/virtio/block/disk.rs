@@ -29,15 +29,27 @@ const ZERO_CHUNK: usize = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
     #[error("cannot open {path}: {err}")]
-    Open { path: PathBuf, err: io::Error },
+    Open {
+        path: PathBuf,
+        #[source]
+        err: io::Error,
+    },
     #[error("{0} is not a regular file or a block device")]
     NotAFile(PathBuf),
     #[error("{0} is in use: another process (or another disk of this VM) holds a lock on it")]
     Locked(PathBuf),
     #[error("cannot lock {path}: {err}")]
-    Lock { path: PathBuf, err: io::Error },
+    Lock {
+        path: PathBuf,
+        #[source]
+        err: io::Error,
+    },
     #[error("cannot get the size of {path}: {err}")]
-    Size { path: PathBuf, err: io::Error },
+    Size {
+        path: PathBuf,
+        #[source]
+        err: io::Error,
+    },
 }
 
 /// An open disk image.

@@ -182,11 +182,17 @@ impl VirtioDevice for Net {
         mem: GuestMemoryMmap,
     ) -> Result<(), ActivateError> {
         if queues.len() != 2 {
-            return Err(ActivateError::Device("virtio-net needs 2 queues".into()));
+            return Err(ActivateError::QueueCount {
+                wanted: 2,
+                got: queues.len(),
+            });
         }
         self.tap
             .set_offload(tap_offloads(acked))
-            .map_err(|e| ActivateError::Device(e.to_string()))?;
+            .map_err(|e| ActivateError::Offloads {
+                backend: self.tap.name().to_string(),
+                source: e,
+            })?;
         let tx = queues.pop().ok_or(ActivateError::BadQueue(1))?;
         let rx = queues.pop().ok_or(ActivateError::BadQueue(0))?;
         crate::bus::lock(&self.state).active = Some(Active {
@@ -200,9 +206,7 @@ impl VirtioDevice for Net {
                 ..RscConfig::from_features(acked)
             }),
         });
-        self.activate_evt
-            .write(1)
-            .map_err(|e| ActivateError::Device(e.to_string()))
+        self.activate_evt.write(1).map_err(ActivateError::Notify)
     }
 
     fn reset(&mut self) {

@@ -29,13 +29,18 @@ pub enum TapError {
     #[error("tap name '{0}' is empty or longer than 15 bytes")]
     BadName(String),
     #[error("cannot open /dev/net/tun: {0}")]
-    OpenTun(io::Error),
+    OpenTun(#[source] io::Error),
     #[error("cannot attach to tap '{name}': {err}")]
-    Attach { name: String, err: io::Error },
+    Attach {
+        name: String,
+        #[source]
+        err: io::Error,
+    },
     #[error("cannot configure tap '{name}' ({what}): {err}")]
     Configure {
         name: String,
         what: &'static str,
+        #[source]
         err: io::Error,
     },
 }
@@ -86,26 +91,33 @@ impl Tap {
         // SAFETY: TUNSETVNETHDRSZ reads an int from the pointer.
         let ret = unsafe { libc::ioctl(tap.fd(), TUNSETVNETHDRSZ, &hdr) };
         tap.check(ret, "virtio-net header size")?;
-        tap.set_offload(0)?;
+        tap.set_offload(0)
+            .map_err(|err| tap.configure_error("offloads", err))?;
         Ok(tap)
+    }
+
+    fn configure_error(&self, what: &'static str, err: io::Error) -> TapError {
+        TapError::Configure {
+            name: self.name.clone(),
+            what,
+            err,
+        }
     }
 
     fn check(&self, ret: libc::c_int, what: &'static str) -> Result<(), TapError> {
         if ret < 0 {
-            return Err(TapError::Configure {
-                name: self.name.clone(),
-                what,
-                err: io::Error::last_os_error(),
-            });
+            return Err(self.configure_error(what, io::Error::last_os_error()));
         }
         Ok(())
     }
 
     /// Sets the offloads the tap may hand us (what the guest can receive).
-    pub fn set_offload(&self, flags: u32) -> Result<(), TapError> {
+    pub fn set_offload(&self, flags: u32) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its argument by value.
-        let ret = unsafe { libc::ioctl(self.fd(), TUNSETOFFLOAD, flags as libc::c_ulong) };
-        self.check(ret, "offloads")
+        if unsafe { libc::ioctl(self.fd(), TUNSETOFFLOAD, flags as libc::c_ulong) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Bounds the tap's socket send buffer, so that writes return EAGAIN
