@@ -13,6 +13,9 @@ pub const DATA: u64 = 0x10000;
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
 
+/// Where [`Driver::second`] puts its ring (after the data buffers tests use).
+const SECOND_RING: u64 = 0x30_0000;
+
 /// One driver-side queue of `size` entries.
 pub struct Driver {
     pub mem: GuestMemoryMmap,
@@ -30,6 +33,18 @@ impl Driver {
             mem,
             size,
             ring: 0,
+            next_desc: 0,
+            avail_idx: 0,
+        }
+    }
+
+    /// A second queue of `size` entries in the same guest memory (its ring
+    /// elsewhere), for devices with two queues.
+    pub fn second(&self, size: u16) -> Self {
+        Driver {
+            mem: self.mem.clone(),
+            size,
+            ring: SECOND_RING,
             next_desc: 0,
             avail_idx: 0,
         }
