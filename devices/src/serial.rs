@@ -73,7 +73,7 @@ impl<W: Write + Send> Serial<W> {
             vm_superio::serial::NoEvents,
             out,
         )
-        .map_err(|e| io::Error::other(format!("serial state: {e:?}")))?;
+        .map_err(io::Error::other)?;
         Ok(Serial {
             uart,
             pending: VecDeque::new(),

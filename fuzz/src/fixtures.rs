@@ -1,13 +1,12 @@
 //! Fixtures built once per fuzzing process (a disk image, a tap, a small
 //! guest memory) and the virtio-mmio devices built on them for each input.
 //!
-//! A tap is real: virtio-net cannot be built without one (its activation
-//! sets the tap's offloads), and creating one takes ~17 ms, so one tap is
-//! opened per process and shared by every net device a target builds
-//! ([`Net::with_tap`]). That needs root and `/dev/net/tun`, as the guest
-//! tests do; without them the net targets fail at their first input.
+//! A net device runs on a [`NullBackend`] (virtio-net's `NetBackend` seam):
+//! the register targets never carry traffic, and a real tap would cost
+//! ~17 ms and root per process.
 
 use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -15,8 +14,8 @@ use devices::virtio::block::device::BlockState;
 use devices::virtio::block::disk::DiskFile;
 use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::mmio::{Interrupt, MmioTransport};
+use devices::virtio::net::backend::NetBackend;
 use devices::virtio::net::device::NetState;
-use devices::virtio::net::tap::Tap;
 use devices::virtio::net::{Net, NetConfig};
 use devices::virtio::VirtioDevice;
 use devices::GuestMemoryMmap;
@@ -57,16 +56,45 @@ fn disk_file() -> &'static File {
 }
 
 /// The process's tap, `tfz<pid>` (it goes away with the process).
-pub fn tap() -> Arc<Tap> {
-    static TAP: OnceLock<Arc<Tap>> = OnceLock::new();
-    TAP.get_or_init(|| {
-        let name = format!("tfz{}", std::process::id());
-        match Tap::open(&name) {
-            Ok(t) => Arc::new(t),
-            Err(e) => panic!("the net targets need a tap (root, /dev/net/tun): {e}"),
-        }
-    })
-    .clone()
+/// A backend with nothing to receive that takes every frame sent.
+pub struct NullBackend(EventFd);
+
+impl NullBackend {
+    pub fn new() -> NullBackend {
+        NullBackend(eventfd())
+    }
+}
+
+impl Default for NullBackend {
+    fn default() -> Self {
+        NullBackend::new()
+    }
+}
+
+impl NetBackend for NullBackend {
+    fn name(&self) -> &str {
+        "fuzz0"
+    }
+
+    fn read_frame(&mut self, _buf: &mut [u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::WouldBlock.into())
+    }
+
+    fn write_frame(&mut self, frame: &[u8]) -> std::io::Result<usize> {
+        Ok(frame.len())
+    }
+
+    fn rx_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    fn tx_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    fn set_offload(&mut self, _flags: u32) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn eventfd() -> EventFd {
@@ -102,14 +130,13 @@ pub fn net(
     mac: [u8; 6],
     rsc: bool,
 ) -> (MmioTransport, Arc<Mutex<NetState>>) {
-    let tap = tap();
     let config = NetConfig {
-        tap: tap.name().to_string(),
+        tap: "fuzz0".to_string(),
         mac,
         sndbuf: None,
         rsc: rsc.then_some(Duration::from_micros(300)),
     };
-    let net = Net::with_tap(config, tap, eventfd());
+    let net = Net::with_backend(config, Box::new(NullBackend::new()), eventfd());
     let state = net.state();
     (transport(Box::new(net), mem), state)
 }

@@ -516,7 +516,6 @@ fn net_parts(spec: &NetSpec, index: usize, w: Wiring) -> Result<VirtioParts, Dev
     let counters = net.metrics.clone();
     let handler = NetHandler::new(
         net.state(),
-        net.tap(),
         activate,
         [rx, tx],
         w.interrupt,

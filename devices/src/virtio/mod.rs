@@ -5,10 +5,13 @@
 //! negotiated features and ready queues when the driver sets DRIVER_OK.
 
 pub mod block;
+pub mod drain;
 pub mod mmio;
 pub mod net;
 #[cfg(test)]
 pub(crate) mod test_util;
+
+use std::io;
 
 use crate::GuestMemoryMmap;
 use virtio_queue::Queue;
@@ -34,12 +37,16 @@ pub const INT_USED_RING: u32 = 1;
 pub const INT_CONFIG: u32 = 2;
 
 /// Why a device could not start.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum ActivateError {
     #[error("queue {0} is not valid in guest memory")]
     BadQueue(usize),
-    #[error("the device cannot start: {0}")]
-    Device(String),
+    #[error("the device needs {wanted} queues, {got} given")]
+    QueueCount { wanted: usize, got: usize },
+    #[error("cannot set the offloads of network backend {backend}: {source}")]
+    Offloads { backend: String, source: io::Error },
+    #[error("cannot wake the device's handler: {0}")]
+    Notify(#[source] io::Error),
 }
 
 /// A virtio device behind a transport.

@@ -13,10 +13,15 @@ pub const DATA: u64 = 0x10000;
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
 
+/// Where [`Driver::second`] puts its ring (after the data buffers tests use).
+const SECOND_RING: u64 = 0x30_0000;
+
 /// One driver-side queue of `size` entries.
 pub struct Driver {
     pub mem: GuestMemoryMmap,
     pub size: u16,
+    /// Offset of this ring from [`DESC`], [`AVAIL`], [`USED`].
+    ring: u64,
     next_desc: u16,
     avail_idx: u16,
 }
@@ -27,6 +32,19 @@ impl Driver {
         Driver {
             mem,
             size,
+            ring: 0,
+            next_desc: 0,
+            avail_idx: 0,
+        }
+    }
+
+    /// A second queue of `size` entries in the same guest memory (its ring
+    /// elsewhere), for devices with two queues.
+    pub fn second(&self, size: u16) -> Self {
+        Driver {
+            mem: self.mem.clone(),
+            size,
+            ring: SECOND_RING,
             next_desc: 0,
             avail_idx: 0,
         }
@@ -36,16 +54,16 @@ impl Driver {
     pub fn queue(&self) -> Queue {
         let mut q = Queue::new(self.size).unwrap();
         q.set_size(self.size);
-        q.set_desc_table_address(Some(DESC as u32), Some(0));
-        q.set_avail_ring_address(Some(AVAIL as u32), Some(0));
-        q.set_used_ring_address(Some(USED as u32), Some(0));
+        q.set_desc_table_address(Some((self.ring + DESC) as u32), Some(0));
+        q.set_avail_ring_address(Some((self.ring + AVAIL) as u32), Some(0));
+        q.set_used_ring_address(Some((self.ring + USED) as u32), Some(0));
         q.set_ready(true);
         q
     }
 
     /// Writes a raw descriptor at `index`.
     pub fn write_desc(&self, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let at = GuestAddress(DESC + u64::from(index) * 16);
+        let at = GuestAddress(self.ring + DESC + u64::from(index) * 16);
         self.mem.write_obj(addr, at).unwrap();
         self.mem.write_obj(len, at.unchecked_add(8)).unwrap();
         self.mem.write_obj(flags, at.unchecked_add(12)).unwrap();
@@ -56,11 +74,16 @@ impl Driver {
     pub fn publish(&mut self, head: u16) {
         let slot = u64::from(self.avail_idx % self.size);
         self.mem
-            .write_obj(head, GuestAddress(AVAIL + 4 + slot * 2))
+            .write_obj(head, GuestAddress(self.ring + AVAIL + 4 + slot * 2))
             .unwrap();
         self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.set_avail_idx(self.avail_idx);
+    }
+
+    /// Writes the ring's available index (a hostile one, too).
+    pub fn set_avail_idx(&self, idx: u16) {
         self.mem
-            .write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
+            .write_obj(idx, GuestAddress(self.ring + AVAIL + 2))
             .unwrap();
     }
 
@@ -80,10 +103,11 @@ impl Driver {
 
     /// Used ring entries so far: (head, len).
     pub fn used(&self) -> Vec<(u32, u32)> {
-        let idx: u16 = self.mem.read_obj(GuestAddress(USED + 2)).unwrap();
+        let used = self.ring + USED;
+        let idx: u16 = self.mem.read_obj(GuestAddress(used + 2)).unwrap();
         (0..idx)
             .map(|i| {
-                let at = GuestAddress(USED + 4 + u64::from(i % self.size) * 8);
+                let at = GuestAddress(used + 4 + u64::from(i % self.size) * 8);
                 let id: u32 = self.mem.read_obj(at).unwrap();
                 let len: u32 = self.mem.read_obj(at.unchecked_add(4)).unwrap();
                 (id, len)

@@ -8,7 +8,8 @@ use crate::GuestMemoryMmap;
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::disk::{DiskFile, ID_BYTES};
+use super::backend::DiskBackend;
+use super::disk::{ID_BYTES, SECTOR_SIZE};
 use super::features::{self, DISCARD, FLUSH, RO, WRITE_ZEROES};
 use super::metrics::BlockMetrics;
 use super::request::{MAX_RANGE_SECTORS, MAX_SEGMENTS};
@@ -61,7 +62,7 @@ pub struct Active {
 /// The virtio-blk device.
 pub struct Block {
     config: BlockConfig,
-    disk: Arc<DiskFile>,
+    disk: Arc<dyn DiskBackend>,
     state: Arc<Mutex<BlockState>>,
     activate_evt: EventFd,
     pub metrics: Arc<BlockMetrics>,
@@ -70,7 +71,11 @@ pub struct Block {
 impl Block {
     /// A device on `disk`. `activate_evt` is written when the driver starts
     /// the device.
-    pub fn new(config: BlockConfig, disk: DiskFile, activate_evt: EventFd) -> Block {
+    pub fn new(
+        config: BlockConfig,
+        disk: impl DiskBackend + 'static,
+        activate_evt: EventFd,
+    ) -> Block {
         Block {
             config,
             disk: Arc::new(disk),
@@ -80,8 +85,8 @@ impl Block {
         }
     }
 
-    /// The image, shared with the handler.
-    pub fn disk(&self) -> Arc<DiskFile> {
+    /// The storage, shared with the handler.
+    pub fn disk(&self) -> Arc<dyn DiskBackend> {
         self.disk.clone()
     }
 
@@ -98,7 +103,7 @@ impl Block {
     fn config_bytes(&self) -> [u8; CONFIG_LEN] {
         let mut c = [0u8; CONFIG_LEN];
         let mut put = |at: usize, v: &[u8]| c[at..at + v.len()].copy_from_slice(v);
-        put(0, &self.disk.sectors().to_le_bytes()); // capacity
+        put(0, &(self.disk.size() / SECTOR_SIZE).to_le_bytes()); // capacity
         put(12, &SEG_MAX.to_le_bytes()); // seg_max
         put(20, &512u32.to_le_bytes()); // blk_size (not offered: informative)
         put(34, &1u16.to_le_bytes()); // num_queues
@@ -153,13 +158,14 @@ impl VirtioDevice for Block {
         mem: GuestMemoryMmap,
     ) -> Result<(), ActivateError> {
         if queues.len() != 1 {
-            return Err(ActivateError::Device("virtio-blk needs 1 queue".into()));
+            return Err(ActivateError::QueueCount {
+                wanted: 1,
+                got: queues.len(),
+            });
         }
         let queue = queues.pop().ok_or(ActivateError::BadQueue(0))?;
         crate::bus::lock(&self.state).active = Some(Active { queue, mem, acked });
-        self.activate_evt
-            .write(1)
-            .map_err(|e| ActivateError::Device(e.to_string()))
+        self.activate_evt.write(1).map_err(ActivateError::Notify)
     }
 
     fn reset(&mut self) {

@@ -1,6 +1,5 @@
-//! The host side of a virtio-blk device: a raw image (regular file or block
-//! device) opened read-write or read-only and locked against a second
-//! writer, with positioned I/O straight between the file and guest memory
+//! The [`DiskBackend`] of a raw image (regular file or block device)
+//! opened read-write or read-only and locked against a second writer, with positioned I/O straight between the file and guest memory
 //! (no bounce buffer; guest pages written by a read are marked in vm-memory's
 //! dirty bitmap), flush (`fdatasync`), discard and write-zeroes
 //! (`fallocate`). Offsets are checked by the caller (`request`); this module
@@ -12,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::backend::DiskBackend;
 use crate::GuestMemoryMmap;
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{
@@ -29,23 +29,37 @@ const ZERO_CHUNK: usize = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
     #[error("cannot open {path}: {err}")]
-    Open { path: PathBuf, err: io::Error },
+    Open {
+        path: PathBuf,
+        #[source]
+        err: io::Error,
+    },
     #[error("{0} is not a regular file or a block device")]
     NotAFile(PathBuf),
     #[error("{0} is in use: another process (or another disk of this VM) holds a lock on it")]
     Locked(PathBuf),
     #[error("cannot lock {path}: {err}")]
-    Lock { path: PathBuf, err: io::Error },
+    Lock {
+        path: PathBuf,
+        #[source]
+        err: io::Error,
+    },
     #[error("cannot get the size of {path}: {err}")]
-    Size { path: PathBuf, err: io::Error },
+    Size {
+        path: PathBuf,
+        #[source]
+        err: io::Error,
+    },
 }
 
 /// An open disk image.
 #[derive(Debug)]
 pub struct DiskFile {
     file: File,
-    path: PathBuf,
-    sectors: u64,
+    /// The path, for messages.
+    name: String,
+    /// In bytes, whole sectors.
+    size: u64,
     readonly: bool,
 }
 
@@ -110,100 +124,10 @@ impl DiskFile {
         }
         Ok(DiskFile {
             file,
-            path: path.to_path_buf(),
-            sectors: size / SECTOR_SIZE,
+            name: path.display().to_string(),
+            size: size - size % SECTOR_SIZE,
             readonly,
         })
-    }
-
-    /// Capacity in 512-byte sectors.
-    pub fn sectors(&self) -> u64 {
-        self.sectors
-    }
-
-    /// Capacity in bytes.
-    pub fn size(&self) -> u64 {
-        self.sectors * SECTOR_SIZE
-    }
-
-    /// Whether the guest may only read.
-    pub fn readonly(&self) -> bool {
-        self.readonly
-    }
-
-    /// The image's path, for messages.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Reads `len` bytes at `offset` of the file into guest memory at `addr`.
-    pub fn read_to_guest(
-        &self,
-        mem: &GuestMemoryMmap,
-        addr: GuestAddress,
-        len: usize,
-        offset: u64,
-    ) -> io::Result<()> {
-        let mut src = FileAt {
-            file: &self.file,
-            offset,
-        };
-        mem.read_exact_volatile_from(addr, &mut src, len)
-            .map_err(io::Error::other)
-    }
-
-    /// Writes `len` bytes of guest memory at `addr` to the file at `offset`.
-    pub fn write_from_guest(
-        &self,
-        mem: &GuestMemoryMmap,
-        addr: GuestAddress,
-        len: usize,
-        offset: u64,
-    ) -> io::Result<()> {
-        if self.readonly {
-            return Err(io::Error::from(io::ErrorKind::PermissionDenied));
-        }
-        let mut dst = FileAt {
-            file: &self.file,
-            offset,
-        };
-        mem.write_all_volatile_to(addr, &mut dst, len)
-            .map_err(io::Error::other)
-    }
-
-    /// Makes every completed write durable (`fdatasync`).
-    pub fn flush(&self) -> io::Result<()> {
-        self.file.sync_data()
-    }
-
-    /// Deallocates a range; it reads back as zeroes where the file system
-    /// can punch holes, and is a no-op (discard is advisory) where it cannot.
-    pub fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        match self.fallocate(
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-        ) {
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
-            r => r,
-        }
-    }
-
-    /// Makes a range read back as zeroes: a punched hole when `unmap` is
-    /// allowed, else zeroes allocated in place; written by hand when the
-    /// file system supports neither.
-    pub fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> io::Result<()> {
-        let mode = if unmap {
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
-        } else {
-            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
-        };
-        match self.fallocate(mode, offset, len) {
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                self.write_zeroes_by_hand(offset, len)
-            }
-            r => r,
-        }
     }
 
     fn write_zeroes_by_hand(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -230,6 +154,90 @@ impl DiskFile {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+}
+
+impl DiskBackend for DiskFile {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    /// Reads `len` bytes at `offset` of the file into guest memory at `addr`.
+    fn read_to_guest(
+        &self,
+        mem: &GuestMemoryMmap,
+        addr: GuestAddress,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<()> {
+        let mut src = FileAt {
+            file: &self.file,
+            offset,
+        };
+        mem.read_exact_volatile_from(addr, &mut src, len)
+            .map_err(io::Error::other)
+    }
+
+    /// Writes `len` bytes of guest memory at `addr` to the file at `offset`.
+    fn write_from_guest(
+        &self,
+        mem: &GuestMemoryMmap,
+        addr: GuestAddress,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<()> {
+        if self.readonly {
+            return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+        }
+        let mut dst = FileAt {
+            file: &self.file,
+            offset,
+        };
+        mem.write_all_volatile_to(addr, &mut dst, len)
+            .map_err(io::Error::other)
+    }
+
+    /// Makes every completed write durable (`fdatasync`).
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// Deallocates a range; it reads back as zeroes where the file system
+    /// can punch holes, and is a no-op (discard is advisory) where it cannot.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        match self.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Makes a range read back as zeroes: a punched hole when `unmap` is
+    /// allowed, else zeroes allocated in place; written by hand when the
+    /// file system supports neither.
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> io::Result<()> {
+        let mode = if unmap {
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+        } else {
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+        };
+        match self.fallocate(mode, offset, len) {
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                self.write_zeroes_by_hand(offset, len)
+            }
+            r => r,
+        }
     }
 }
 
@@ -369,8 +377,8 @@ pub(crate) mod tests {
     fn capacity_rounds_down_to_sectors() {
         let f = memfile(4096 + 100);
         let d = DiskFile::from_file(f, Path::new("m"), false).unwrap();
-        assert_eq!(d.sectors(), 8);
         assert_eq!(d.size(), 4096);
+        assert_eq!(d.name(), "m");
     }
 
     #[test]

@@ -4,19 +4,21 @@
 //!
 //! Runtime events are registered only once the driver activates the device.
 //! A hostile ring (an available index more than a queue ahead) ends the
-//! batch instead of spinning: the VMM thread is never held by a guest.
+//! batch instead of spinning ([`drain`]): the VMM thread is never held by a
+//! guest.
 
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use virtio_queue::QueueT;
 use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::backend::DiskBackend;
 use super::device::BlockState;
-use super::disk::{DiskFile, ID_BYTES};
+use super::disk::ID_BYTES;
 use super::metrics::BlockMetrics;
 use super::request::{self, Request};
+use crate::virtio::drain::{drain, Served};
 use crate::virtio::mmio::Interrupt;
 use crate::virtio::INT_USED_RING;
 
@@ -26,7 +28,7 @@ const QUEUE: u32 = 1;
 /// The handler of one device.
 pub struct BlockHandler {
     state: Arc<Mutex<BlockState>>,
-    disk: Arc<DiskFile>,
+    disk: Arc<dyn DiskBackend>,
     id: [u8; ID_BYTES],
     activate_evt: EventFd,
     queue_evt: EventFd,
@@ -39,7 +41,7 @@ impl BlockHandler {
     /// A handler for the device whose shared parts these are.
     pub fn new(
         state: Arc<Mutex<BlockState>>,
-        disk: Arc<DiskFile>,
+        disk: Arc<dyn DiskBackend>,
         id: [u8; ID_BYTES],
         activate_evt: EventFd,
         queue_evt: EventFd,
@@ -58,8 +60,8 @@ impl BlockHandler {
         }
     }
 
-    fn name(&self) -> String {
-        self.disk.path().display().to_string()
+    fn name(&self) -> &str {
+        self.disk.name()
     }
 
     /// Serves what the guest queued. Returns the number of chains returned.
@@ -68,54 +70,38 @@ impl BlockHandler {
         let Some(active) = state.active.as_mut() else {
             return 0;
         };
-        let mut completed = 0usize;
-        let mut popped = true;
-        loop {
-            let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) else {
-                if !popped {
-                    // More is "available", yet nothing can be taken.
-                    log::debug!("virtio-blk {}: bad available ring index", self.name());
-                    BlockMetrics::add(&self.metrics.malformed_chains, 1);
-                    break;
-                }
-                popped = false;
-                // With EVENT_IDX, re-enable notifications and look once more.
-                match active.queue.enable_notification(&active.mem) {
-                    Ok(true) => continue,
-                    _ => break,
-                }
-            };
-            popped = true;
+        let (disk, id, metrics) = (&*self.disk, &self.id, &*self.metrics);
+        let (mem, acked) = (&active.mem, active.acked);
+        let r = drain(&mut active.queue, mem, |chain| {
             let head = chain.head_index();
-            let used_len = match Request::parse(chain, &active.mem) {
+            Served::Used(match Request::parse(chain, mem) {
                 Ok(req) => {
-                    let c = request::execute(&req, &active.mem, &self.disk, active.acked, &self.id);
-                    self.metrics.record(c.outcome);
+                    let c = request::execute(&req, mem, disk, acked, id);
+                    metrics.record(c.outcome);
                     c.used_len
                 }
                 Err(rejected) => {
                     log::debug!(
                         "virtio-blk {}: bad chain {head}: {}",
-                        self.name(),
+                        disk.name(),
                         rejected.error
                     );
-                    BlockMetrics::add(&self.metrics.malformed_chains, 1);
+                    BlockMetrics::add(&metrics.malformed_chains, 1);
                     match rejected.status {
-                        Some(at) if active.mem.write_obj(request::status::IOERR, at).is_ok() => 1,
+                        Some(at) if mem.write_obj(request::status::IOERR, at).is_ok() => 1,
                         _ => 0,
                     }
                 }
-            };
-            if active.queue.add_used(&active.mem, head, used_len).is_err() {
-                BlockMetrics::add(&self.metrics.malformed_chains, 1);
-                continue;
-            }
-            completed += 1;
+            })
+        });
+        if r.faults > 0 {
+            log::debug!("virtio-blk {}: bad available ring", self.name());
+            BlockMetrics::add(&self.metrics.malformed_chains, r.faults);
         }
-        if completed > 0 && active.queue.needs_notification(&active.mem).unwrap_or(true) {
+        if r.notify {
             self.interrupt.trigger(INT_USED_RING);
         }
-        completed
+        r.used
     }
 
     fn register_runtime(&mut self, ops: &mut EventOps) {
@@ -160,9 +146,8 @@ impl MutEventSubscriber for BlockHandler {
 mod tests {
     use std::os::unix::fs::FileExt;
 
-    use vm_memory::GuestAddress;
-
     use super::*;
+    use crate::virtio::block::backend::tests::MemDisk;
     use crate::virtio::block::device::Active;
     use crate::virtio::block::disk::tests::disk;
     use crate::virtio::block::request::{kind, status};
@@ -170,6 +155,11 @@ mod tests {
 
     fn handler(d: &Driver, readonly: bool) -> (BlockHandler, EventFd, std::fs::File) {
         let (dk, raw) = disk(64 << 10, 0x5a, readonly);
+        let (h, irq) = handler_on(d, Arc::new(dk));
+        (h, irq, raw)
+    }
+
+    fn handler_on(d: &Driver, disk: Arc<dyn DiskBackend>) -> (BlockHandler, EventFd) {
         let state = Arc::new(Mutex::new(BlockState {
             active: Some(Active {
                 queue: d.queue(),
@@ -180,14 +170,14 @@ mod tests {
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let h = BlockHandler::new(
             state,
-            Arc::new(dk),
+            disk,
             *b"handler-test-id\0\0\0\0\0",
             EventFd::new(libc::EFD_NONBLOCK).unwrap(),
             EventFd::new(libc::EFD_NONBLOCK).unwrap(),
             Arc::new(Interrupt::new(irq.try_clone().unwrap())),
             Arc::new(BlockMetrics::default()),
         );
-        (h, irq, raw)
+        (h, irq)
     }
 
     fn header(d: &Driver, at: u64, k: u32, sector: u64) {
@@ -306,11 +296,53 @@ mod tests {
         let d = Driver::new(16);
         let (mut h, _irq, _raw) = handler(&d, false);
         // avail.idx = 1000: far more than a queue's worth.
-        d.mem
-            .write_obj(1000u16, GuestAddress(crate::virtio::test_util::AVAIL + 2))
-            .unwrap();
+        d.set_avail_idx(1000);
         assert_eq!(h.process_queue(), 0);
         assert_eq!(h.metrics.snapshot().malformed_chains, 1);
+    }
+
+    #[test]
+    fn any_backend_serves_the_requests() {
+        let mut d = Driver::new(16);
+        let mem_disk = Arc::new(MemDisk::new(8 << 10, 0x77, false));
+        let (mut h, irq) = handler_on(&d, mem_disk.clone());
+        // A write of sector 2, a read of sectors 1-2, a flush, and a read
+        // past the end.
+        header(&d, DATA, kind::OUT, 2);
+        d.write(DATA + 0x1000, &[0x42; 512]);
+        d.add_chain(&[
+            (DATA, 16, false),
+            (DATA + 0x1000, 512, false),
+            (DATA + 0x100, 1, true),
+        ]);
+        header(&d, DATA + 0x200, kind::IN, 1);
+        d.add_chain(&[
+            (DATA + 0x200, 16, false),
+            (DATA + 0x2000, 1024, true),
+            (DATA + 0x101, 1, true),
+        ]);
+        header(&d, DATA + 0x300, kind::FLUSH, 0);
+        d.add_chain(&[(DATA + 0x300, 16, false), (DATA + 0x102, 1, true)]);
+        header(&d, DATA + 0x400, kind::IN, 16);
+        d.add_chain(&[
+            (DATA + 0x400, 16, false),
+            (DATA + 0x3000, 512, true),
+            (DATA + 0x103, 1, true),
+        ]);
+        assert_eq!(h.process_queue(), 4);
+        assert_eq!(
+            d.read(DATA + 0x100, 4),
+            [status::OK, status::OK, status::OK, status::IOERR]
+        );
+        let got = d.read(DATA + 0x2000, 1024);
+        assert_eq!(&got[..512], &[0x77; 512][..]);
+        assert_eq!(&got[512..], &[0x42; 512][..]);
+        assert_eq!(
+            &mem_disk.bytes.lock().unwrap()[1024..1536],
+            &[0x42; 512][..]
+        );
+        assert_eq!(*mem_disk.flushes.lock().unwrap(), 1);
+        assert_eq!(irq.read().unwrap(), 1);
     }
 
     #[test]

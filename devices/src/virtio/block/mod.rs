@@ -1,7 +1,9 @@
 //! virtio-blk on a raw image (a regular file or a host block device).
 //!
-//! - `disk`: the host side: open and lock the image, positioned I/O between
-//!   the file and guest memory, flush, discard, write-zeroes.
+//! - `backend`: the seam to the storage ([`DiskBackend`]): reads into and
+//!   writes from guest memory, flush, discard, write-zeroes, size.
+//! - `disk`: the backend on a raw image: open and lock it, positioned I/O
+//!   between the file and guest memory, flush, discard, write-zeroes.
 //! - `request`: pure request logic (descriptor chain in, status out),
 //!   unit-tested over mock guest memory; every chain is guest-controlled.
 //! - `device`: the virtio device (features, configuration space, activation).
@@ -12,12 +14,14 @@
 //! in the host file (or, after a flush, on its storage), before it is
 //! returned to the guest.
 
+pub mod backend;
 pub mod device;
 pub mod disk;
 pub mod handler;
 pub mod metrics;
 pub mod request;
 
+pub use backend::DiskBackend;
 pub use device::{Block, BlockConfig};
 
 /// virtio-blk feature bits (virtio 1.2, 5.2.3).

@@ -1,6 +1,6 @@
 //! One virtio-blk request: parsed from a descriptor chain and executed
-//! against a [`DiskFile`]. Pure logic over guest memory and a file, unit
-//! tested over mock guest memory; every chain is hostile input.
+//! against a [`DiskBackend`]. Pure logic over guest memory and a backend,
+//! unit tested over mock guest memory; every chain is hostile input.
 //!
 //! A request is a byte stream (virtio 1.2, 5.2.6): the device-readable part
 //! starts with a 16-byte header (type, reserved, sector), followed by the
@@ -19,7 +19,8 @@ use crate::GuestMemoryMmap;
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
-use super::disk::{DiskFile, ID_BYTES, SECTOR_SIZE};
+use super::backend::DiskBackend;
+use super::disk::{ID_BYTES, SECTOR_SIZE};
 use super::features;
 
 /// Request types.
@@ -251,7 +252,7 @@ pub struct Completion {
 pub fn execute(
     req: &Request,
     mem: &GuestMemoryMmap,
-    disk: &DiskFile,
+    disk: &dyn DiskBackend,
     acked: u64,
     id: &[u8; ID_BYTES],
 ) -> Completion {
@@ -274,7 +275,7 @@ pub fn execute(
 }
 
 /// The byte range `[sector * 512, + len)` if it lies within the disk.
-fn byte_range(disk: &DiskFile, sector: u64, len: u64) -> Option<u64> {
+fn byte_range(disk: &dyn DiskBackend, sector: u64, len: u64) -> Option<u64> {
     let start = sector.checked_mul(SECTOR_SIZE)?;
     let end = start.checked_add(len)?;
     (end <= disk.size()).then_some(start)
@@ -283,7 +284,7 @@ fn byte_range(disk: &DiskFile, sector: u64, len: u64) -> Option<u64> {
 fn run(
     req: &Request,
     mem: &GuestMemoryMmap,
-    disk: &DiskFile,
+    disk: &dyn DiskBackend,
     acked: u64,
     id: &[u8; ID_BYTES],
 ) -> (Outcome, u64) {
@@ -322,7 +323,7 @@ fn run(
                 Err(e) => {
                     log::debug!(
                         "virtio-blk {}: I/O error at sector {}: {e}",
-                        disk.path().display(),
+                        disk.name(),
                         req.sector
                     );
                     (Outcome::IoError, written)
@@ -336,7 +337,7 @@ fn run(
             match disk.flush() {
                 Ok(()) => (Outcome::Flushed, 0),
                 Err(e) => {
-                    log::warn!("virtio-blk {}: flush: {e}", disk.path().display());
+                    log::warn!("virtio-blk {}: flush: {e}", disk.name());
                     (Outcome::IoError, 0)
                 }
             }
@@ -358,7 +359,7 @@ fn run(
 
 /// Discard (`zero` false) or write-zeroes (`zero` true) over the request's
 /// segments. All segments are checked before any is executed.
-fn ranges(req: &Request, mem: &GuestMemoryMmap, disk: &DiskFile, zero: bool) -> Outcome {
+fn ranges(req: &Request, mem: &GuestMemoryMmap, disk: &dyn DiskBackend, zero: bool) -> Outcome {
     let len = req.data_len();
     if disk.readonly()
         || len == 0
@@ -400,7 +401,7 @@ fn ranges(req: &Request, mem: &GuestMemoryMmap, disk: &DiskFile, zero: bool) -> 
         if let Err(e) = r {
             log::warn!(
                 "virtio-blk {}: {}: {e}",
-                disk.path().display(),
+                disk.name(),
                 if zero { "write zeroes" } else { "discard" }
             );
             return Outcome::IoError;

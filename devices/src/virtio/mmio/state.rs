@@ -26,10 +26,10 @@ use virtio_queue::Queue;
 
 use super::lifecycle;
 use super::{status, MmioTransport, INT_CONFIG};
-use crate::virtio::{INT_USED_RING, VIRTIO_RING_F_EVENT_IDX};
+use crate::virtio::{ActivateError, INT_USED_RING, VIRTIO_RING_F_EVENT_IDX};
 
 /// Why a saved transport state cannot be applied.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum TransportStateError {
     #[error("{saved} queues saved, the device has {device}")]
     QueueCount { saved: usize, device: usize },
@@ -39,8 +39,11 @@ pub enum TransportStateError {
         saved: u16,
         device: u16,
     },
-    #[error("queue {index}: {err}")]
-    Queue { index: usize, err: String },
+    #[error("queue {index}: {source}")]
+    Queue {
+        index: usize,
+        source: virtio_queue::Error,
+    },
     #[error("queue {index} is not inside guest memory")]
     QueueOutside { index: usize },
     #[error("queue {index} is set up, but the driver never set FEATURES_OK")]
@@ -62,7 +65,7 @@ pub enum TransportStateError {
     #[error("interrupt status {0:#x} has bits no device raises")]
     Interrupt(u32),
     #[error("the device cannot restart: {0}")]
-    Activate(String),
+    Activate(#[source] ActivateError),
 }
 
 /// A state that passed the checks, ready to apply.
@@ -171,10 +174,7 @@ impl MmioTransport {
             return Err(TransportStateError::QueueRingStopped { index });
         }
         let build = |state| {
-            Queue::try_from(state).map_err(|e| TransportStateError::Queue {
-                index,
-                err: format!("{e:?}"),
-            })
+            Queue::try_from(state).map_err(|source| TransportStateError::Queue { index, source })
         };
         let reg = build(virtio_queue::QueueState {
             next_avail: 0,
@@ -232,7 +232,7 @@ impl Snapshottable for MmioTransport {
         }
         if let Some(queues) = live {
             self.start(s.acked_features, queues)
-                .map_err(|e| TransportStateError::Activate(e.to_string()))?;
+                .map_err(TransportStateError::Activate)?;
         }
         self.queues = regs;
         self.device_features_sel = s.device_features_sel;

@@ -46,7 +46,10 @@ impl VirtioDevice for Dummy {
     ) -> Result<(), ActivateError> {
         let mut seen = self.0.lock().unwrap();
         if seen.refuse {
-            return Err(ActivateError::Device("refused".into()));
+            return Err(ActivateError::QueueCount {
+                wanted: 0,
+                got: queues.len(),
+            });
         }
         seen.starts += 1;
         seen.activated = Some((acked, queues.len()));

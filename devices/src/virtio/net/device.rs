@@ -1,6 +1,9 @@
 //! The virtio-net device: features, configuration space (MAC, link status)
 //! and activation. Queue processing happens in `handler` on the VMM thread;
-//! activation (on a vCPU thread) hands it the queues through `NetState`.
+//! activation (on a vCPU thread) hands it the queues through `NetState`,
+//! which also holds the device's [`NetBackend`] (the tap), so that the
+//! activation sets the backend's offloads before the handler sees the
+//! queues, and the handler can swap the backend of a running device.
 //!
 //! With RSC on, the device also offers VIRTIO_NET_F_RSC_EXT (the virtio
 //! spec makes it require HOST_TSO4 or HOST_TSO6, which are always offered);
@@ -14,10 +17,11 @@ use crate::GuestMemoryMmap;
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::backend::{NetBackend, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::features::*;
 use super::metrics::NetMetrics;
 use super::rsc::RscConfig;
-use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
+use super::tap::{Tap, TapError};
 use crate::virtio::{ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
 
 /// Virtio device id of a network card.
@@ -38,10 +42,22 @@ pub struct NetConfig {
 }
 
 /// State shared between the device (activation, reset) and its handler.
-#[derive(Default)]
 pub struct NetState {
     /// Set on activation, cleared on reset.
     pub active: Option<Active>,
+    /// Where frames go and come from; replaced only by the handler
+    /// ([`super::handler::NetHandler::replace_backend`]).
+    pub(crate) backend: Box<dyn NetBackend>,
+}
+
+impl NetState {
+    /// A stopped device on `backend`.
+    pub fn new(backend: Box<dyn NetBackend>) -> Self {
+        NetState {
+            active: None,
+            backend,
+        }
+    }
 }
 
 /// A running device's queues and negotiated features.
@@ -59,7 +75,6 @@ pub struct Active {
 /// The virtio-net device.
 pub struct Net {
     config: NetConfig,
-    tap: Arc<Tap>,
     state: Arc<Mutex<NetState>>,
     activate_evt: EventFd,
     pub metrics: Arc<NetMetrics>,
@@ -77,33 +92,30 @@ const OFFERED: u64 = CSUM
     | VIRTIO_RING_F_EVENT_IDX;
 
 impl Net {
-    /// Opens the tap and builds the device. `activate_evt` is written when
-    /// the driver starts the device.
+    /// Opens the tap and builds the device on it. `activate_evt` is
+    /// written when the driver starts the device.
     pub fn new(config: NetConfig, activate_evt: EventFd) -> Result<Net, TapError> {
-        let tap = Arc::new(Tap::open(&config.tap)?);
+        let tap = Tap::open(&config.tap)?;
         if let Some(bytes) = config.sndbuf {
             // Bounded to 1 GiB by the caller; the ioctl takes an int.
             tap.set_sndbuf(i32::try_from(bytes).unwrap_or(i32::MAX))?;
         }
-        Ok(Net::with_tap(config, tap, activate_evt))
+        Ok(Net::with_backend(config, Box::new(tap), activate_evt))
     }
 
-    /// Builds the device on a tap already open (`config.tap` and
-    /// `config.sndbuf` are not applied to it). The fuzz targets share one
-    /// tap between the devices they build: creating a tap takes ~17 ms.
-    pub fn with_tap(config: NetConfig, tap: Arc<Tap>, activate_evt: EventFd) -> Net {
+    /// The device on `backend` (`config.tap` and `config.sndbuf` are not
+    /// looked at).
+    pub fn with_backend(
+        config: NetConfig,
+        backend: Box<dyn NetBackend>,
+        activate_evt: EventFd,
+    ) -> Net {
         Net {
             config,
-            tap,
-            state: Arc::new(Mutex::new(NetState::default())),
+            state: Arc::new(Mutex::new(NetState::new(backend))),
             activate_evt,
             metrics: Arc::new(NetMetrics::default()),
         }
-    }
-
-    /// The tap, shared with the handler.
-    pub fn tap(&self) -> Arc<Tap> {
-        self.tap.clone()
     }
 
     /// The RSC engine's configuration before any negotiation (everything
@@ -189,14 +201,22 @@ impl VirtioDevice for Net {
         mem: GuestMemoryMmap,
     ) -> Result<(), ActivateError> {
         if queues.len() != 2 {
-            return Err(ActivateError::Device("virtio-net needs 2 queues".into()));
+            return Err(ActivateError::QueueCount {
+                wanted: 2,
+                got: queues.len(),
+            });
         }
-        self.tap
+        let mut state = crate::bus::lock(&self.state);
+        state
+            .backend
             .set_offload(tap_offloads(acked))
-            .map_err(|e| ActivateError::Device(e.to_string()))?;
+            .map_err(|source| ActivateError::Offloads {
+                backend: state.backend.name().to_string(),
+                source,
+            })?;
         let tx = queues.pop().ok_or(ActivateError::BadQueue(1))?;
         let rx = queues.pop().ok_or(ActivateError::BadQueue(0))?;
-        crate::bus::lock(&self.state).active = Some(Active {
+        state.active = Some(Active {
             rx,
             tx,
             mem,
@@ -207,9 +227,8 @@ impl VirtioDevice for Net {
                 ..RscConfig::from_features(acked)
             }),
         });
-        self.activate_evt
-            .write(1)
-            .map_err(|e| ActivateError::Device(e.to_string()))
+        drop(state);
+        self.activate_evt.write(1).map_err(ActivateError::Notify)
     }
 
     fn reset(&mut self) {

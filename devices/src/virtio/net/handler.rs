@@ -1,59 +1,104 @@
-//! virtio-net's event-loop glue (VMM thread): queue notifications, tap
-//! readiness, the RSC drain timer, flow control.
+//! virtio-net's event-loop glue (VMM thread): queue notifications, backend
+//! readiness, the RSC drain timer, flow control, and the swap of the
+//! backend of a running device.
 //!
-//! - TX: chains go to the tap until it would block; then the chain stays in
-//!   the queue, the tap is watched for EPOLLOUT, and TX resumes there.
-//! - RX ([`RxPump`]): frames read from the tap (through the RSC engine when
-//!   RSC is on) go to the guest until it has no buffers; then what is ready
-//!   is held, the tap is no longer read (EPOLLIN interest dropped), and RX
-//!   resumes when the guest posts buffers (RX queue notification). The tap
-//!   is not read while the device is reset either; activation resumes it.
+//! - TX: chains go to the backend until it would block; then the chain
+//!   stays in the queue, the backend's TX descriptor is watched for
+//!   EPOLLOUT, and TX resumes there.
+//! - RX ([`RxPump`]): frames read from the backend (through the RSC engine
+//!   when RSC is on) go to the guest until it has no buffers; then what is
+//!   ready is held, the backend is no longer read (EPOLLIN interest
+//!   dropped), and RX resumes when the guest posts buffers (RX queue
+//!   notification). The backend is not read while the device is reset
+//!   either; activation resumes it.
 //! - RSC drain timer (RSC on only): a timerfd armed for the engine's next
 //!   deadline after every RX run; when it fires, expired packets are
 //!   flushed and delivered. It is re-armed only when the deadline moves
 //!   (about once per coalesced packet, not per segment).
+//! - Backend swap ([`NetHandler::replace_backend`], from any thread; COLO's
+//!   failover): done on this thread at its next turn, between two runs, so
+//!   no frame is half sent: the old backend's descriptors are dropped from
+//!   the loop, the new one gets the running driver's offloads and the same
+//!   interest, and the old one is handed back. Frames already read and
+//!   held for the guest are still delivered.
 //!
 //! Runtime events are registered only once the driver activates the device.
 
+use std::fmt;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use virtio_queue::{QueueOwnedT, QueueT};
+use virtio_queue::QueueT;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::device::NetState;
+use super::backend::{fd_watches, FdWatch, NetBackend, Watch, VNET_HDR_LEN};
+use super::device::{tap_offloads, NetState};
 use super::metrics::NetMetrics;
 use super::rsc::{RscConfig, RscCounters};
 use super::rx_pump::{Guest, RxPump};
-use super::tap::{Tap, VNET_HDR_LEN};
 use super::tx::{self, MAX_TX_FRAME};
+use crate::virtio::drain::{drain, Served};
 use crate::virtio::mmio::Interrupt;
 use crate::virtio::INT_USED_RING;
 
 const ACTIVATE: u32 = 0;
 const RX_QUEUE: u32 = 1;
 const TX_QUEUE: u32 = 2;
-const TAP: u32 = 3;
+const BACKEND: u32 = 3;
 const RSC_TIMER: u32 = 4;
+const SWAP: u32 = 5;
 
 /// Handler errors.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     #[error("cannot create the RSC drain timer: {0}")]
-    Timer(io::Error),
+    Timer(#[source] io::Error),
+    #[error("cannot create the backend swap eventfd: {0}")]
+    SwapEvent(#[source] io::Error),
+}
+
+/// A backend that was not put in, handed back with the reason.
+#[derive(thiserror::Error)]
+#[error("network backend {} not put in: {source}", .backend.name())]
+pub struct SwapError {
+    pub backend: Box<dyn NetBackend>,
+    pub source: io::Error,
+}
+
+impl fmt::Debug for SwapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SwapError")
+            .field("backend", &self.backend.name())
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+/// The end of a swap: the backend taken out, or the new one refused.
+pub type Swapped = Result<Box<dyn NetBackend>, SwapError>;
+
+/// A swap asked for and not yet done.
+struct Pending {
+    backend: Box<dyn NetBackend>,
+    reply: mpsc::Sender<Swapped>,
 }
 
 /// The handler of one device.
 pub struct NetHandler {
     state: Arc<Mutex<NetState>>,
-    tap: Arc<Tap>,
+    /// The backend's name and descriptors (only this handler replaces it).
+    name: String,
+    fds: (RawFd, RawFd),
     activate_evt: EventFd,
     rx_evt: EventFd,
     tx_evt: EventFd,
+    swap_evt: EventFd,
+    pending: Vec<Pending>,
     interrupt: Arc<Interrupt>,
     metrics: Arc<NetMetrics>,
     registered: bool,
@@ -63,16 +108,16 @@ pub struct NetHandler {
     /// The deadline the timer is armed for.
     armed: Option<Instant>,
     tx_buf: Vec<u8>,
-    tap_interest: EventSet,
+    /// What the event loop watches on the backend.
+    watch: Watch,
 }
 
 impl NetHandler {
-    /// A handler for the device whose shared parts these are; with `rsc`,
-    /// received frames go through an RSC engine (reconfigured at each
-    /// activation for the features the driver acked).
+    /// A handler for the device whose shared parts these are (its backend
+    /// is in `state`); with `rsc`, received frames go through an RSC engine
+    /// (reconfigured at each activation for the features the driver acked).
     pub fn new(
         state: Arc<Mutex<NetState>>,
-        tap: Arc<Tap>,
         activate_evt: EventFd,
         queue_evts: [EventFd; 2],
         interrupt: Arc<Interrupt>,
@@ -84,12 +129,23 @@ impl NetHandler {
             Some(_) => Some(nonblocking_timer().map_err(HandlerError::Timer)?),
             None => None,
         };
+        let swap_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(HandlerError::SwapEvent)?;
+        let (name, fds) = {
+            let st = crate::bus::lock(&state);
+            (
+                st.backend.name().to_string(),
+                (st.backend.rx_fd(), st.backend.tx_fd()),
+            )
+        };
         Ok(NetHandler {
             state,
-            tap,
+            name,
+            fds,
             activate_evt,
             rx_evt,
             tx_evt,
+            swap_evt,
+            pending: Vec::new(),
             interrupt,
             metrics,
             registered: false,
@@ -97,30 +153,103 @@ impl NetHandler {
             timer,
             armed: None,
             tx_buf: Vec::with_capacity(MAX_TX_FRAME),
-            tap_interest: EventSet::IN,
+            watch: Watch::NONE,
         })
     }
 
-    fn set_tap_interest(&mut self, ops: &mut EventOps, set: EventSet) {
-        if set == self.tap_interest {
-            return;
+    /// Puts `backend` in place of the device's backend, at the handler's
+    /// next turn on the event loop (the device may be running: COLO's
+    /// failover). The receiver gets the backend taken out once it is done,
+    /// or `backend` back if it refused the running driver's offloads (the
+    /// old one then stays). Swaps asked for in a row are done in order.
+    /// The handler's lock must not be held while waiting for the answer:
+    /// the event loop takes it to do the swap.
+    pub fn replace_backend(
+        &mut self,
+        backend: Box<dyn NetBackend>,
+    ) -> Result<mpsc::Receiver<Swapped>, SwapError> {
+        if let Err(source) = self.swap_evt.write(1) {
+            return Err(SwapError { backend, source });
         }
-        let ev = Events::with_data_raw(self.tap.fd(), TAP, set);
-        let r = if self.tap_interest.is_empty() {
-            ops.add(ev)
-        } else if set.is_empty() {
-            ops.remove(Events::with_data_raw(self.tap.fd(), TAP, self.tap_interest))
-        } else {
-            ops.modify(ev)
-        };
-        if let Err(e) = r {
-            log::error!(
-                "virtio-net {}: cannot watch the tap: {e:?}",
-                self.tap.name()
-            );
-            return;
+        let (reply, done) = mpsc::channel();
+        self.pending.push(Pending { backend, reply });
+        Ok(done)
+    }
+
+    /// Does the swaps asked for (on the event loop), then runs both
+    /// directions on the backend now in place, which watches it as they
+    /// need (RX readable unless the guest has no buffers, TX writable if a
+    /// frame waits).
+    fn swap(&mut self, ops: &mut EventOps) {
+        for Pending { backend, reply } in std::mem::take(&mut self.pending) {
+            // Nobody waiting for the answer is no reason not to swap.
+            let _ = reply.send(self.swap_one(ops, backend));
         }
-        self.tap_interest = set;
+        if self.registered {
+            self.run_tx(ops);
+            self.run_rx(ops);
+        }
+    }
+
+    fn swap_one(&mut self, ops: &mut EventOps, mut backend: Box<dyn NetBackend>) -> Swapped {
+        let shared = self.state.clone();
+        let mut state = crate::bus::lock(&shared);
+        if let Some(active) = state.active.as_ref() {
+            if let Err(source) = backend.set_offload(tap_offloads(active.acked)) {
+                return Err(SwapError { backend, source });
+            }
+        }
+        let watched = self.watch;
+        self.set_watch(ops, Watch::NONE);
+        if self.watch != Watch::NONE {
+            // The old descriptors could not all be dropped from the loop:
+            // keep the old backend, watched as before.
+            self.set_watch(ops, watched);
+            return Err(SwapError {
+                backend,
+                source: io::Error::other("the event loop kept the old backend's descriptors"),
+            });
+        }
+        let old = std::mem::replace(&mut state.backend, backend);
+        log::info!(
+            "virtio-net {}: backend {} put in",
+            self.name,
+            state.backend.name()
+        );
+        self.name = state.backend.name().to_string();
+        self.fds = (state.backend.rx_fd(), state.backend.tx_fd());
+        // The new backend is watched from the runs that follow.
+        Ok(old)
+    }
+
+    /// Asks the event loop for `want` on the backend's descriptors.
+    fn set_watch(&mut self, ops: &mut EventOps, want: Watch) {
+        let (rx_fd, tx_fd) = self.fds;
+        let before = fd_watches(rx_fd, tx_fd, self.watch);
+        let after = fd_watches(rx_fd, tx_fd, want);
+        for (old, new) in before.iter().zip(&after) {
+            let (was, set) = (event_set(old), event_set(new));
+            if was == set {
+                continue;
+            }
+            let r = if was.is_empty() {
+                ops.add(Events::with_data_raw(new.fd, BACKEND, set))
+            } else if set.is_empty() {
+                ops.remove(Events::with_data_raw(old.fd, BACKEND, was))
+            } else {
+                ops.modify(Events::with_data_raw(new.fd, BACKEND, set))
+            };
+            if let Err(e) = r {
+                log::error!("virtio-net {}: cannot watch the backend: {e:?}", self.name);
+                continue;
+            }
+            if new.fd == rx_fd {
+                self.watch.rx = want.rx;
+            }
+            if new.fd == tx_fd {
+                self.watch.tx = want.tx;
+            }
+        }
     }
 
     fn register_runtime(&mut self, ops: &mut EventOps) {
@@ -130,7 +259,6 @@ impl NetHandler {
         let regs = [
             ops.add(Events::with_data(&self.rx_evt, RX_QUEUE, EventSet::IN)),
             ops.add(Events::with_data(&self.tx_evt, TX_QUEUE, EventSet::IN)),
-            ops.add(Events::with_data_raw(self.tap.fd(), TAP, EventSet::IN)),
         ];
         let timer = self.timer.as_ref().map(|t| {
             ops.add(Events::with_data_raw(
@@ -141,85 +269,65 @@ impl NetHandler {
         });
         for r in regs.into_iter().chain(timer) {
             if let Err(e) = r {
-                log::error!(
-                    "virtio-net {}: cannot register events: {e:?}",
-                    self.tap.name()
-                );
+                log::error!("virtio-net {}: cannot register events: {e:?}", self.name);
             }
         }
-        self.tap_interest = EventSet::IN;
+        self.set_watch(
+            ops,
+            Watch {
+                rx: true,
+                tx: false,
+            },
+        );
         self.registered = true;
     }
 
-    /// Sends what the guest queued. Returns whether the tap filled up.
+    /// Sends what the guest queued. Returns whether the backend filled up.
     fn process_tx(&mut self) -> bool {
         let mut state = crate::bus::lock(&self.state);
-        let Some(active) = state.active.as_mut() else {
+        let NetState { active, backend } = &mut *state;
+        let Some(active) = active.as_mut() else {
             return false;
         };
-        let mut blocked = false;
-        let mut completed = false;
-        let mut popped = true;
-        loop {
-            let Some(chain) = active.tx.pop_descriptor_chain(&active.mem) else {
-                if !popped {
-                    // More is "available", yet nothing can be taken: a
-                    // hostile available index. Stop until the next notify
-                    // instead of spinning on the VMM thread.
-                    NetMetrics::add(&self.metrics.malformed_chains, 1);
-                    break;
-                }
-                popped = false;
-                // With EVENT_IDX, re-enable notifications and look once more.
-                match active.tx.enable_notification(&active.mem) {
-                    Ok(true) => continue,
-                    _ => break,
-                }
-            };
-            popped = true;
-            let head = chain.head_index();
-            match tx::gather(chain, &active.mem, &mut self.tx_buf) {
-                Ok(()) => match self.tap.write_frame(&self.tx_buf) {
+        let (buf, metrics, name) = (&mut self.tx_buf, &*self.metrics, &self.name);
+        let mem = &active.mem;
+        let r = drain(&mut active.tx, mem, |chain| {
+            match tx::gather(chain, mem, buf) {
+                Ok(()) => match backend.write_frame(buf) {
                     Ok(_) => {
-                        NetMetrics::add(&self.metrics.tx_packets, 1);
-                        NetMetrics::add(
-                            &self.metrics.tx_bytes,
-                            (self.tx_buf.len() - VNET_HDR_LEN) as u64,
-                        );
+                        NetMetrics::add(&metrics.tx_packets, 1);
+                        NetMetrics::add(&metrics.tx_bytes, (buf.len() - VNET_HDR_LEN) as u64);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         // Leave the chain in the queue; resume on EPOLLOUT.
-                        active.tx.go_to_previous_position();
-                        NetMetrics::add(&self.metrics.tap_full_waits, 1);
-                        blocked = true;
-                        break;
+                        NetMetrics::add(&metrics.tap_full_waits, 1);
+                        return Served::PutBack;
                     }
                     Err(e) => {
-                        log::debug!("virtio-net {}: tap write: {e}", self.tap.name());
-                        NetMetrics::add(&self.metrics.drops, 1);
+                        log::debug!("virtio-net {name}: backend write: {e}");
+                        NetMetrics::add(&metrics.drops, 1);
                     }
                 },
                 Err(e) => {
-                    log::debug!("virtio-net {}: bad TX chain: {e}", self.tap.name());
-                    NetMetrics::add(&self.metrics.malformed_chains, 1);
+                    log::debug!("virtio-net {name}: bad TX chain: {e}");
+                    NetMetrics::add(&metrics.malformed_chains, 1);
                 }
             }
-            if active.tx.add_used(&active.mem, head, 0).is_err() {
-                NetMetrics::add(&self.metrics.malformed_chains, 1);
-            }
-            completed = true;
-        }
-        if completed && active.tx.needs_notification(&active.mem).unwrap_or(true) {
+            Served::Used(0)
+        });
+        NetMetrics::add(&metrics.malformed_chains, r.faults);
+        if r.notify {
             self.interrupt.trigger(INT_USED_RING);
         }
-        blocked
+        r.put_back
     }
 
-    /// Moves frames from the tap to the guest. Returns whether to stop
-    /// reading the tap: the guest has no buffers, or the device is reset.
+    /// Moves frames from the backend to the guest. Returns whether to stop
+    /// reading the backend: the guest has no buffers, or the device is reset.
     fn process_rx(&mut self) -> bool {
         let mut state = crate::bus::lock(&self.state);
-        let Some(active) = state.active.as_mut() else {
+        let NetState { active, backend } = &mut *state;
+        let Some(active) = active.as_mut() else {
             // Reset: read again when the driver activates the device.
             return true;
         };
@@ -228,10 +336,9 @@ impl NetHandler {
             mem: &active.mem,
             mergeable: active.mergeable,
         };
-        let tap = &self.tap;
         let res = self.pump.pump(
             &mut guest,
-            |buf| tap.read_frame(buf),
+            |buf| backend.read_frame(buf),
             Instant::now,
             &self.metrics,
         );
@@ -260,7 +367,7 @@ impl NetHandler {
             .max(Duration::from_nanos(1));
         match timer.reset(wait, None) {
             Ok(()) => self.armed = Some(deadline),
-            Err(e) => log::error!("virtio-net {}: RSC timer: {e}", self.tap.name()),
+            Err(e) => log::error!("virtio-net {}: RSC timer: {e}", self.name),
         }
     }
 
@@ -287,7 +394,7 @@ impl NetHandler {
             log::info!(
                 "virtio-net {}: {discarded} received frames held for the previous driver \
                  discarded (features changed)",
-                self.tap.name()
+                self.name
             );
             NetMetrics::add(&self.metrics.drops, discarded as u64);
         }
@@ -301,36 +408,37 @@ impl NetHandler {
     fn run_rx(&mut self, ops: &mut EventOps) {
         let starved = self.process_rx();
         self.arm_timer();
-        let want_out = self.tap_interest.contains(EventSet::OUT);
-        let mut set = if starved {
-            EventSet::empty()
-        } else {
-            EventSet::IN
+        let want = Watch {
+            rx: !starved,
+            tx: self.watch.tx,
         };
-        if want_out {
-            set |= EventSet::OUT;
-        }
-        self.set_tap_interest(ops, set);
+        self.set_watch(ops, want);
     }
 
     fn run_tx(&mut self, ops: &mut EventOps) {
         let blocked = self.process_tx();
-        let mut set = self.tap_interest & EventSet::IN;
-        if blocked {
-            set |= EventSet::OUT;
-        }
-        self.set_tap_interest(ops, set);
+        let want = Watch {
+            rx: self.watch.rx,
+            tx: blocked,
+        };
+        self.set_watch(ops, want);
     }
 }
 
 impl MutEventSubscriber for NetHandler {
     fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::with_data(
-            &self.activate_evt,
-            ACTIVATE,
-            EventSet::IN,
-        )) {
-            log::error!("virtio-net {}: cannot register: {e:?}", self.tap.name());
+        let regs = [
+            ops.add(Events::with_data(
+                &self.activate_evt,
+                ACTIVATE,
+                EventSet::IN,
+            )),
+            ops.add(Events::with_data(&self.swap_evt, SWAP, EventSet::IN)),
+        ];
+        for r in regs {
+            if let Err(e) = r {
+                log::error!("virtio-net {}: cannot register: {e:?}", self.name);
+            }
         }
     }
 
@@ -352,7 +460,11 @@ impl MutEventSubscriber for NetHandler {
                 self.run_tx(ops);
             }
             RSC_TIMER => self.run_timer(ops),
-            TAP => {
+            SWAP => {
+                let _ = self.swap_evt.read();
+                self.swap(ops);
+            }
+            BACKEND => {
                 if events.event_set().contains(EventSet::OUT) {
                     self.run_tx(ops);
                 }
@@ -368,6 +480,18 @@ impl MutEventSubscriber for NetHandler {
     }
 }
 
+/// The readiness `epoll` is asked for on one descriptor.
+fn event_set(w: &FdWatch) -> EventSet {
+    let mut set = EventSet::empty();
+    if w.readable {
+        set |= EventSet::IN;
+    }
+    if w.writable {
+        set |= EventSet::OUT;
+    }
+    set
+}
+
 /// A timerfd that never blocks on read: the timer may be re-armed (which
 /// clears its expiration count) between epoll reporting it and the read.
 fn nonblocking_timer() -> io::Result<TimerFd> {
@@ -381,3 +505,7 @@ fn nonblocking_timer() -> io::Result<TimerFd> {
     }
     Ok(timer)
 }
+
+#[cfg(test)]
+#[path = "handler_tests.rs"]
+mod tests;

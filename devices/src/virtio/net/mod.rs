@@ -1,17 +1,22 @@
-//! virtio-net on a tap device.
+//! virtio-net on a tap device (or another backend).
 //!
-//! - `tap`: the host side (non-blocking, virtio-net header on every frame).
+//! - `backend`: the seam to the host side ([`NetBackend`]): frames with a
+//!   virtio-net header in and out, readiness descriptors, offloads.
+//! - `tap`: the backend on the host's network (non-blocking, virtio-net
+//!   header on every frame).
 //! - `tx`, `rx`: pure queue logic (descriptor chains in, frames out and back),
 //!   unit-tested over mock guest memory; every chain is guest-controlled.
 //! - `device`: the virtio device (features, config space, activation).
 //! - `handler`: event-loop glue on the VMM thread: queue notifications and
-//!   tap readiness, with flow control both ways.
-//! - `rx_pump`: the receive path's flow control, from tap reads through the
+//!   backend readiness, with flow control both ways; swaps the backend of a
+//!   running device.
+//! - `rx_pump`: the receive path's flow control, from backend reads through the
 //!   RSC engine (when on) to the guest, pure logic.
 //! - `metrics`: lock-free counters.
 //! - `rsc`: receive segment coalescing, pure logic: merges in-order TCP
-//!   segments read from the tap into GSO frames for the guest (design §4).
+//!   segments read from the backend into GSO frames for the guest (design §4).
 
+pub mod backend;
 pub mod device;
 pub mod handler;
 pub mod metrics;
@@ -21,6 +26,7 @@ pub mod rx_pump;
 pub mod tap;
 pub mod tx;
 
+pub use backend::NetBackend;
 pub use device::{Net, NetConfig};
 
 /// Feature bits (virtio 1.2, 5.1.3).

@@ -1,10 +1,10 @@
-//! The receive path of one device, from tap reads to the guest's RX queue,
+//! The receive path of one device, from backend reads to the guest's RX queue,
 //! through the RSC engine when it is on. Pure logic over a frame source and
-//! guest memory (the handler passes the tap's read and the clock), so flow
-//! control is unit-tested here without a tap or an event loop.
+//! guest memory (the handler passes the backend's read and the clock), so flow
+//! control is unit-tested here without a backend or an event loop.
 //!
 //! Flow control, with no drop inside the VMM: frames that are ready for the
-//! guest (out of the engine, or read from the tap without RSC) wait in a
+//! guest (out of the engine, or read from the backend without RSC) wait in a
 //! small queue, `held`, until the guest has buffers for them, oldest first.
 //! The source is read only when `held` is empty, so `held` never holds more
 //! than what one read produced ([`Rsc::input`]: expired packets, the flow's
@@ -26,13 +26,13 @@ use std::time::Instant;
 use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
 
+use super::backend::VNET_HDR_LEN;
 use super::metrics::NetMetrics;
 use super::rsc::{Rsc, RscConfig, RscCounters, MAX_FLOWS};
 use super::rx::{self, RxOutcome};
-use super::tap::VNET_HDR_LEN;
 use super::ChainError;
 
-/// Largest frame read from the tap: header, 64 KiB IP packet, Ethernet
+/// Largest frame read from the backend: header, 64 KiB IP packet, Ethernet
 /// header and a VLAN tag.
 pub const MAX_RX_FRAME: usize = VNET_HDR_LEN + 65535 + 18;
 /// Most frames `held` can hold (see the module doc).
@@ -131,7 +131,7 @@ impl RxPump {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return res,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    log::warn!("virtio-net: tap read: {e}");
+                    log::warn!("virtio-net: backend read: {e}");
                     return res;
                 }
             };

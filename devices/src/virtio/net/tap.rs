@@ -1,11 +1,14 @@
 //! A tap device opened for virtio-net: `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`,
-//! non-blocking, with a 12-byte virtio-net header on every frame. Opening a
-//! name that does not exist creates the interface (it goes away with us).
+//! non-blocking, with a 12-byte virtio-net header on every frame: the
+//! [`NetBackend`] of a NIC on the host's network. Opening a name that does
+//! not exist creates the interface (it goes away with us).
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
+
+use super::backend::{NetBackend, VNET_HDR_LEN};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
@@ -15,27 +18,24 @@ const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
 
-/// TUNSETOFFLOAD flags.
-pub const TUN_F_CSUM: u32 = 0x01;
-pub const TUN_F_TSO4: u32 = 0x02;
-pub const TUN_F_TSO6: u32 = 0x04;
-
-/// Size of the virtio-net header with `num_buffers` (virtio 1.x).
-pub const VNET_HDR_LEN: usize = 12;
-
 /// Tap errors.
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
     #[error("tap name '{0}' is empty or longer than 15 bytes")]
     BadName(String),
     #[error("cannot open /dev/net/tun: {0}")]
-    OpenTun(io::Error),
+    OpenTun(#[source] io::Error),
     #[error("cannot attach to tap '{name}': {err}")]
-    Attach { name: String, err: io::Error },
+    Attach {
+        name: String,
+        #[source]
+        err: io::Error,
+    },
     #[error("cannot configure tap '{name}' ({what}): {err}")]
     Configure {
         name: String,
         what: &'static str,
+        #[source]
         err: io::Error,
     },
 }
@@ -86,26 +86,33 @@ impl Tap {
         // SAFETY: TUNSETVNETHDRSZ reads an int from the pointer.
         let ret = unsafe { libc::ioctl(tap.fd(), TUNSETVNETHDRSZ, &hdr) };
         tap.check(ret, "virtio-net header size")?;
-        tap.set_offload(0)?;
+        tap.offload(0)
+            .map_err(|err| tap.configure_error("offloads", err))?;
         Ok(tap)
+    }
+
+    fn configure_error(&self, what: &'static str, err: io::Error) -> TapError {
+        TapError::Configure {
+            name: self.name.clone(),
+            what,
+            err,
+        }
     }
 
     fn check(&self, ret: libc::c_int, what: &'static str) -> Result<(), TapError> {
         if ret < 0 {
-            return Err(TapError::Configure {
-                name: self.name.clone(),
-                what,
-                err: io::Error::last_os_error(),
-            });
+            return Err(self.configure_error(what, io::Error::last_os_error()));
         }
         Ok(())
     }
 
     /// Sets the offloads the tap may hand us (what the guest can receive).
-    pub fn set_offload(&self, flags: u32) -> Result<(), TapError> {
+    fn offload(&self, flags: u32) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its argument by value.
-        let ret = unsafe { libc::ioctl(self.fd(), TUNSETOFFLOAD, flags as libc::c_ulong) };
-        self.check(ret, "offloads")
+        if unsafe { libc::ioctl(self.fd(), TUNSETOFFLOAD, flags as libc::c_ulong) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Bounds the tap's socket send buffer, so that writes return EAGAIN
@@ -116,18 +123,13 @@ impl Tap {
         self.check(ret, "send buffer")
     }
 
-    /// The interface name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// The descriptor, for epoll.
     pub fn fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
 
     /// Reads one frame (with its header). WouldBlock when none is queued.
-    pub fn read_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: reading into a buffer we own, within its length.
         let n = unsafe { libc::read(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {
@@ -137,12 +139,38 @@ impl Tap {
     }
 
     /// Writes one frame (with its header). WouldBlock when the tap is full.
-    pub fn write_frame(&self, frame: &[u8]) -> io::Result<usize> {
+    fn write(&self, frame: &[u8]) -> io::Result<usize> {
         // SAFETY: writing from a buffer we own, within its length.
         let n = unsafe { libc::write(self.fd(), frame.as_ptr().cast(), frame.len()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(n as usize)
+    }
+}
+
+impl NetBackend for Tap {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn read_frame(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read(buf)
+    }
+
+    fn write_frame(&mut self, frame: &[u8]) -> io::Result<usize> {
+        self.write(frame)
+    }
+
+    fn rx_fd(&self) -> RawFd {
+        self.fd()
+    }
+
+    fn tx_fd(&self) -> RawFd {
+        self.fd()
+    }
+
+    fn set_offload(&mut self, flags: u32) -> io::Result<()> {
+        self.offload(flags)
     }
 }

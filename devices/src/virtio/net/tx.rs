@@ -5,7 +5,7 @@ use crate::GuestMemoryMmap;
 use virtio_queue::DescriptorChain;
 use vm_memory::Bytes;
 
-use super::tap::VNET_HDR_LEN;
+use super::backend::VNET_HDR_LEN;
 use super::ChainError;
 
 /// The largest frame a guest may send: header plus a 64 KiB GSO frame with

@@ -30,7 +30,7 @@ fn parse(d: &Driver) -> Result<Request, Rejected> {
 
 /// Parses and executes the first chain; the status byte is preset to
 /// 0xff so that an unwritten status shows.
-fn exec(d: &Driver, disk: &DiskFile, acked: u64) -> Completion {
+fn exec(d: &Driver, disk: &dyn DiskBackend, acked: u64) -> Completion {
     d.write(STATUS, &[0xff]);
     let req = parse(d).expect("well-formed");
     let c = execute(&req, &d.mem, disk, acked, ID);

@@ -105,8 +105,8 @@ fn hostile_states_are_refused_and_nothing_is_applied() {
         let (mut fresh, seen, _) = transport();
         let checked = fresh.check_state(&bad).unwrap_err();
         let e = fresh.restore(&bad).unwrap_err();
-        assert_eq!(checked, e, "check_state and restore agree");
         let e = e.to_string();
+        assert_eq!(checked.to_string(), e, "check_state and restore agree");
         assert!(e.contains(want), "{want}: {e}");
         assert!(seen.lock().unwrap().activated.is_none(), "{want}");
         assert_eq!(fresh.status(), 0, "{want}: nothing applied");

@@ -5,7 +5,7 @@
 
 use super::PassReason;
 
-pub use crate::virtio::net::tap::VNET_HDR_LEN;
+pub use crate::virtio::net::backend::VNET_HDR_LEN;
 /// Ethernet header without VLAN tag.
 pub const ETH_HLEN: usize = 14;
 /// Offset of the IP header in a frame.
