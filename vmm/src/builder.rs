@@ -12,7 +12,6 @@
 //! Runs on the calling thread (the VMM thread); nothing here waits on the
 //! guest.
 
-use std::io;
 use std::sync::Arc;
 
 use devices::GuestMemoryMmap;
@@ -28,57 +27,43 @@ use crate::device_thread::DeviceThread;
 use crate::exit::ExitSignal;
 use crate::exit_counts::ExitCounts;
 use crate::host::HostKind;
-use crate::kvm_util::{kvm_op, KvmOp};
-use crate::memory::{GuestRam, MemoryError};
+use crate::kvm_util::kvm_op;
+use crate::memory::GuestRam;
 use crate::pause::{self, ThreadKick};
-use crate::profile::{ProfileError, Profiler};
-use crate::snapshot::{self, Restore};
-use crate::vcpu::{Vcpu, VcpuError};
-use crate::vcpu_state::{self, VcpuStateError};
+use crate::profile::Profiler;
+use crate::snapshot::Restore;
+use crate::vcpu::Vcpu;
+use crate::vcpu_state;
 use crate::vcpus::Vcpus;
-use crate::vm::{effective_cmdline, open_kvm, Core, CoreParts, Vm, VmHandle, VmOpError};
+use crate::vm::{Core, CoreParts, VmHandle};
+use crate::vm_loop::{Vm, VmError};
 
-/// Errors before the guest runs.
-#[derive(Debug, thiserror::Error)]
-pub enum VmError {
-    #[error("cannot open /dev/kvm: {0}")]
-    KvmOpen(String),
-    #[error(transparent)]
-    Kvm(#[from] KvmOp),
-    #[error(transparent)]
-    Memory(#[from] MemoryError),
-    #[error(transparent)]
-    Device(#[from] device_manager::DeviceError),
-    #[error(transparent)]
-    Vcpu(#[from] VcpuError),
-    #[error(transparent)]
-    Boot(#[from] boot::BootError),
-    #[error(transparent)]
-    Cpu(#[from] cpu::CpuError),
-    #[error(transparent)]
-    Cpuid(#[from] cpuid::CpuidError),
-    #[error("cannot set up the event loop: {0}")]
-    Devices(String),
-    #[error(transparent)]
-    Api(#[from] crate::api::ApiError),
-    #[error("cannot write metrics to {path}: {err}")]
-    Metrics { path: String, err: String },
-    #[error("cannot start a thread or eventfd: {0}")]
-    Io(#[from] io::Error),
-    #[error(transparent)]
-    Snapshot(#[from] snapshot::SnapshotError),
-    #[error(transparent)]
-    SaveSetup(VcpuStateError),
-    #[error("cannot install the vCPU kick: {0}")]
-    Kick(#[source] pause::PauseError),
-    #[error("cannot stop the device thread: {0}")]
-    DevicePause(#[source] pause::PauseError),
-    #[error("restoring the VM: {0}")]
-    Restore(#[source] VmOpError),
-    #[error("starting the VM: {0}")]
-    Start(#[source] VmOpError),
-    #[error("--guest-profile: {0}")]
-    Profile(#[from] ProfileError),
+/// Opens /dev/kvm with a message that says what to do.
+pub fn open_kvm() -> Result<Kvm, VmError> {
+    Kvm::new().map_err(|e| {
+        VmError::KvmOpen(match e.errno() {
+            libc::ENOENT => {
+                "no such device: this host has no KVM (load kvm_intel, kvm_amd or kvm_pvm)".into()
+            }
+            libc::EACCES | libc::EPERM => {
+                "permission denied: run as root or add your user to the 'kvm' group".into()
+            }
+            _ => e.to_string(),
+        })
+    })
+}
+
+/// The command line the guest gets: the user's, then each parameter the
+/// host needs that the user's line does not already have.
+pub fn effective_cmdline(user: &str, host: HostKind) -> String {
+    let have: Vec<&str> = user.split_whitespace().collect();
+    let mut out: Vec<&str> = have.clone();
+    for p in host.guest_params().split_whitespace() {
+        if !have.contains(&p) {
+            out.push(p);
+        }
+    }
+    out.join(" ")
 }
 
 /// How the guest starts.
@@ -89,6 +74,11 @@ pub enum Start {
     Restore(Box<Restore>),
     /// Stay paused: memory and state arrive later (a migration's target).
     Incoming,
+}
+
+/// Boots the VM of `cfg` and runs it until it ends.
+pub fn run(cfg: &VmConfig) -> Result<crate::exit::VmExit, VmError> {
+    build(cfg, Start::Boot)?.run()
 }
 
 /// Builds the VM of `cfg`, every thread started and stopped. On a restore,
@@ -241,4 +231,25 @@ fn restore(vm: &VmHandle, mut r: Restore) -> Result<(), VmError> {
     let stats = r.fill_memory(vm.memory())?;
     log::info!("restore: {} pages of guest memory", stats.pages);
     vm.apply_state(&r.state).map_err(VmError::Restore)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_params_are_appended_only_on_emulated_hosts() {
+        assert_eq!(
+            effective_cmdline(" console=ttyS0 ", HostKind::Hardware),
+            "console=ttyS0"
+        );
+        let e = effective_cmdline("console=ttyS0", HostKind::Emulated);
+        assert!(e.starts_with("console=ttyS0 noxsave"), "{e}");
+        assert!(e.contains("tandem_syscall_fixup"));
+        assert_eq!(
+            effective_cmdline(&e, HostKind::Emulated),
+            e,
+            "nothing appended twice"
+        );
+    }
 }

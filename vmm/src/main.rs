@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use vmm::builder::Start;
 use vmm::config::{self, VmConfig, DEFAULT_MEM};
 use vmm::exit::VmExit;
 use vmm::run_args::RunArgs;
-use vmm::vm::Start;
 
 #[derive(Parser)]
 #[command(
@@ -178,12 +178,11 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
     }
 }
 
-fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp_millis()
-        .init();
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
+/// The command line, or the exit code of `--help`, `--version` or a
+/// one-line error.
+fn parse_cli() -> Result<Cli, ExitCode> {
+    match Cli::try_parse() {
+        Ok(c) => Ok(c),
         Err(e) => {
             use clap::error::ErrorKind;
             if matches!(
@@ -206,8 +205,18 @@ fn main() -> ExitCode {
                 }
             }
             eprintln!("tandem: {first} (see 'tandem run --help')");
-            return ExitCode::from(1);
+            Err(ExitCode::from(1))
         }
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp_millis()
+        .init();
+    let cli = match parse_cli() {
+        Ok(c) => c,
+        Err(code) => return code,
     };
     let args = match cli.command {
         Command::Run(args) => *args,
@@ -223,14 +232,18 @@ fn main() -> ExitCode {
         .clone()
         .unwrap_or_else(|| config::default_cmdline(host));
     if args.print_cmdline {
-        println!("{}", vmm::vm::effective_cmdline(&cmdline, host));
+        println!("{}", vmm::builder::effective_cmdline(&cmdline, host));
         return ExitCode::SUCCESS;
     }
 
     if let Some(path) = args.restore.clone() {
         return restore(&path, args);
     }
+    boot(args, cmdline)
+}
 
+/// `tandem run`: boot the kernel given (or the default guest).
+fn boot(args: RunArgs, cmdline: String) -> ExitCode {
     let mem = match args.mem {
         Some(m) => m,
         None => match config::parse_mem(DEFAULT_MEM) {
@@ -265,7 +278,7 @@ fn main() -> ExitCode {
         api_sock: args.api_sock,
         profile,
     };
-    finish(vmm::vm::run(&cfg))
+    finish(vmm::builder::run(&cfg))
 }
 
 /// `tandem run --restore FILE`: verify everything, then build and run.
@@ -298,7 +311,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
     finish(vmm::builder::build(&cfg, Start::Restore(Box::new(snap))).and_then(|vm| vm.run()))
 }
 
-fn finish(result: Result<VmExit, vmm::vm::VmError>) -> ExitCode {
+fn finish(result: Result<VmExit, vmm::vm_loop::VmError>) -> ExitCode {
     match result {
         Ok(why) => {
             match &why {

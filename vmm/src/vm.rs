@@ -16,14 +16,13 @@ use std::time::{Duration, Instant};
 
 use devices::GuestMemoryMmap;
 use kvm_bindings::kvm_clock_data;
-use kvm_ioctls::{Kvm, VmFd};
+use kvm_ioctls::VmFd;
 use migration::Manifest;
 
 use crate::device_manager::{metrics_json, DeviceError, Devices, SerialPort, VirtioSlot};
 use crate::device_thread::DeviceThread;
 use crate::exit::{ExitSignal, VmExit};
 use crate::exit_counts::ExitCounts;
-use crate::host::HostKind;
 use crate::kvm_util::{kvm_op, KvmOp};
 use crate::memory::{GuestRam, MemoryError};
 use crate::pause::PauseError;
@@ -32,9 +31,6 @@ use crate::snapshot::{self, SaveReport, SnapshotError};
 use crate::vcpu::VcpuError;
 use crate::vcpus::Vcpus;
 use crate::vm_state::{self, VmState};
-
-pub use crate::builder::{Start, VmError};
-pub use crate::vm_loop::Vm;
 
 /// How long each vCPU thread and the device thread may take to end once
 /// the VM has ended.
@@ -75,39 +71,6 @@ pub enum VmOpError {
     DirtyLogOff,
     #[error("cannot encode the answer: {0}")]
     Encode(#[source] serde_json::Error),
-}
-
-/// Opens /dev/kvm with a message that says what to do.
-pub fn open_kvm() -> Result<Kvm, VmError> {
-    Kvm::new().map_err(|e| {
-        VmError::KvmOpen(match e.errno() {
-            libc::ENOENT => {
-                "no such device: this host has no KVM (load kvm_intel, kvm_amd or kvm_pvm)".into()
-            }
-            libc::EACCES | libc::EPERM => {
-                "permission denied: run as root or add your user to the 'kvm' group".into()
-            }
-            _ => e.to_string(),
-        })
-    })
-}
-
-/// The command line the guest gets: the user's, then each parameter the
-/// host needs that the user's line does not already have.
-pub fn effective_cmdline(user: &str, host: HostKind) -> String {
-    let have: Vec<&str> = user.split_whitespace().collect();
-    let mut out: Vec<&str> = have.clone();
-    for p in host.guest_params().split_whitespace() {
-        if !have.contains(&p) {
-            out.push(p);
-        }
-    }
-    out.join(" ")
-}
-
-/// Boots the VM of `cfg` and runs it until it ends.
-pub fn run(cfg: &crate::config::VmConfig) -> Result<VmExit, VmError> {
-    crate::builder::build(cfg, Start::Boot)?.run()
 }
 
 /// Whether the VM is paused, and what its pause saved.

@@ -6,6 +6,7 @@
 //! Runs on the thread that calls [`Vm::run`]. Never blocks a vCPU: the
 //! loop only waits on its own event loop.
 
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,13 +16,67 @@ use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber
 use serde_json::Value;
 
 use crate::api::ApiServer;
-use crate::builder::VmError;
+use crate::boot::{self, cpu};
 use crate::config::ProfileConfig;
 use crate::console;
 use crate::control::VmControl;
+use crate::cpuid;
+use crate::device_manager;
 use crate::exit::VmExit;
+use crate::kvm_util::KvmOp;
+use crate::memory::MemoryError;
+use crate::pause;
+use crate::profile::ProfileError;
 use crate::profile::Profiler;
+use crate::vcpu::VcpuError;
+use crate::vcpu_state::VcpuStateError;
 use crate::vm::{VmHandle, VmOpError};
+
+/// Errors before the guest runs.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("cannot open /dev/kvm: {0}")]
+    KvmOpen(String),
+    #[error(transparent)]
+    Kvm(#[from] KvmOp),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Device(#[from] device_manager::DeviceError),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    #[error(transparent)]
+    Cpu(#[from] cpu::CpuError),
+    #[error(transparent)]
+    Cpuid(#[from] cpuid::CpuidError),
+    #[error("cannot set up the event loop: {0:?}")]
+    EventLoop(event_manager::Error),
+    #[error(transparent)]
+    Api(#[from] crate::api::ApiError),
+    #[error("cannot write metrics to {path}: {source}")]
+    Metrics {
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
+    #[error("cannot start a thread or eventfd: {0}")]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
+    #[error(transparent)]
+    SaveSetup(VcpuStateError),
+    #[error("cannot install the vCPU kick: {0}")]
+    Kick(#[source] pause::PauseError),
+    #[error("cannot stop the device thread: {0}")]
+    DevicePause(#[source] pause::PauseError),
+    #[error("restoring the VM: {0}")]
+    Restore(#[source] VmOpError),
+    #[error("starting the VM: {0}")]
+    Start(#[source] VmOpError),
+    #[error("--guest-profile: {0}")]
+    Profile(#[from] ProfileError),
+}
 
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
 
@@ -99,7 +154,7 @@ impl Vm {
     /// it starts paused). On an error, `self`'s drop ends the threads.
     fn start(&mut self, ended: &Arc<AtomicBool>) -> Result<Subscribers, VmError> {
         let handle = self.handle.clone();
-        let mut em = Subscribers::new().map_err(|e| VmError::Devices(format!("{e:?}")))?;
+        let mut em = Subscribers::new().map_err(VmError::EventLoop)?;
         em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
             fd: handle.exit().as_raw_fd(),
             ended: ended.clone(),
@@ -170,14 +225,14 @@ fn write_profile(profiler: &Profiler, file: &Path, symbols: Option<&Path>) {
 
 /// The device counters as JSON, written atomically (through `F.tmp`).
 fn write_metrics(path: &Path, doc: &Value) -> Result<(), VmError> {
-    let err = |e: String| VmError::Metrics {
-        path: path.display().to_string(),
-        err: e,
+    let err = |source: std::io::Error| VmError::Metrics {
+        path: path.to_path_buf(),
+        source,
     };
     let tmp = path.with_extension("tmp");
-    let text = serde_json::to_string_pretty(doc).map_err(|e| err(e.to_string()))?;
-    std::fs::write(&tmp, text + "\n").map_err(|e| err(e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+    let text = serde_json::to_string_pretty(doc).map_err(|e| err(e.into()))?;
+    std::fs::write(&tmp, text + "\n").map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
 }
 
 /// Ends the event loop when the VM ends.
