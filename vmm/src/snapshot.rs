@@ -68,10 +68,10 @@ pub enum SnapshotError {
     Invalid { path: String, msg: String },
     #[error("snapshot {path}: {err}")]
     Mismatch { path: String, err: CompatError },
-    #[error("cannot write snapshot {path}: {err}")]
-    Write { path: String, err: String },
-    #[error("{0}")]
-    Request(String),
+    #[error("cannot write snapshot {path}: {source}")]
+    Write { path: String, source: SaveError },
+    #[error(transparent)]
+    Devices(#[from] device_manager::DeviceError),
 }
 
 /// What a save wrote.
@@ -96,40 +96,12 @@ pub fn save(
     state: &VmState,
     mem: &GuestMemoryMmap,
 ) -> Result<SaveReport, SnapshotError> {
-    let shown = path.display().to_string();
-    let werr = |err: String| SnapshotError::Write {
-        path: shown.clone(),
-        err,
+    let werr = |source: SaveError| SnapshotError::Write {
+        path: path.display().to_string(),
+        source,
     };
     let tmp = tmp_path(path);
-    let result = (|| -> Result<ImageStats, String> {
-        let file = File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        let mut w = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, file))
-            .map_err(|e| e.to_string())?;
-        w.write_state(section::MANIFEST, &state.manifest)
-            .map_err(|e| e.to_string())?;
-        w.write_state(section::VM, &VmWideState::from_kvm(&state.vm))
-            .map_err(|e| e.to_string())?;
-        for (i, v) in state.vcpus.iter().enumerate() {
-            let id = i as u32;
-            w.write_state(&section::vcpu(id), &VcpuState::from_kvm(id, v))
-                .map_err(|e| e.to_string())?;
-        }
-        let serial = DeviceState::Serial(SerialState::from(&state.serial));
-        w.write_state(&section::device(SERIAL_ID), &serial)
-            .map_err(|e| e.to_string())?;
-        for (id, dev) in &state.devices {
-            w.write_state(&section::device(id), dev)
-                .map_err(|e| e.to_string())?;
-        }
-        let stats = migration::memory::write_memory_from(&mut w, section::MEMORY, &GuestPages(mem))
-            .map_err(|e| e.to_string())?;
-        let out = w.finish().map_err(|e| e.to_string())?;
-        let file = out.into_inner().map_err(|e| e.error().to_string())?;
-        file.sync_all().map_err(|e| e.to_string())?;
-        Ok(stats)
-    })();
-    let stats = match result {
+    let stats = match write_file(&tmp, state, mem) {
         Ok(s) => s,
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
@@ -138,7 +110,7 @@ pub fn save(
     };
     if let Err(e) = std::fs::rename(&tmp, path) {
         let _ = std::fs::remove_file(&tmp);
-        return Err(werr(e.to_string()));
+        return Err(werr(SaveError::Io(e)));
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Ok(d) = File::open(dir) {
@@ -150,6 +122,40 @@ pub fn save(
         file_bytes,
         memory_bytes: stats.pages * migration::memory::PAGE_SIZE,
     })
+}
+
+/// Why writing a snapshot file failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+}
+
+/// Writes the whole file `tmp` (state sections, memory, trailer) and
+/// fsyncs it; returns what the memory image holds.
+fn write_file(tmp: &Path, state: &VmState, mem: &GuestMemoryMmap) -> Result<ImageStats, SaveError> {
+    let file = File::create(tmp)?;
+    let mut w = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, file))?;
+    w.write_state(section::MANIFEST, &state.manifest)?;
+    w.write_state(section::VM, &VmWideState::from_kvm(&state.vm))?;
+    for (i, v) in state.vcpus.iter().enumerate() {
+        let id = i as u32;
+        w.write_state(&section::vcpu(id), &VcpuState::from_kvm(id, v))?;
+    }
+    let serial = DeviceState::Serial(SerialState::from(&state.serial));
+    w.write_state(&section::device(SERIAL_ID), &serial)?;
+    for (id, dev) in &state.devices {
+        w.write_state(&section::device(id), dev)?;
+    }
+    let stats = migration::memory::write_memory_from(&mut w, section::MEMORY, &GuestPages(mem))?;
+    let out = w.finish()?;
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    Ok(stats)
 }
 
 /// A verified snapshot, converted and ready to apply to a new VM.
@@ -182,8 +188,7 @@ pub fn load(
             });
         }
     }
-    let virtio = device_manager::virtio_configs(nets, disks)
-        .map_err(|e| SnapshotError::Request(e.to_string()))?;
+    let virtio = device_manager::virtio_configs(nets, disks)?;
     let requested = manifest(
         mem.unwrap_or(saved.mem_bytes),
         cpus.map_or(saved.vcpus, u32::from),

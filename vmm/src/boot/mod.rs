@@ -40,12 +40,17 @@ pub enum BootError {
     InitrdFormat { path: PathBuf },
     #[error("initrd {path} is empty")]
     InitrdEmpty { path: PathBuf },
-    #[error("cannot read initrd {path}: {err}")]
-    InitrdRead { path: PathBuf, err: String },
+    #[error("cannot read initrd {path}: {source}")]
+    InitrdRead {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("kernel command line is {len} bytes; the boot protocol allows at most {max}")]
     CmdlineTooLong { len: usize, max: usize },
     #[error("invalid kernel command line: {0}")]
-    Cmdline(String),
+    Cmdline(#[source] linux_loader::cmdline::Error),
+    #[error("cannot write the kernel command line: {0}")]
+    CmdlineLoad(#[source] loader::Error),
     #[error("cannot write boot data to guest memory: {0}")]
     Memory(#[from] vm_memory::GuestMemoryError),
     #[error(transparent)]
@@ -100,7 +105,7 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootErro
     .min(CMDLINE_MAX_SIZE);
     let cmdline = build_cmdline(spec.cmdline, cmdline_max)?;
     loader::load_cmdline(mem, GuestAddress(CMDLINE_START), &cmdline)
-        .map_err(|e| BootError::Cmdline(e.to_string()))?;
+        .map_err(BootError::CmdlineLoad)?;
 
     params.hdr.type_of_loader = KERNEL_LOADER_OTHER;
     params.hdr.boot_flag = KERNEL_BOOT_FLAG_MAGIC;
@@ -233,10 +238,9 @@ fn build_cmdline(s: &str, max: usize) -> Result<Cmdline, BootError> {
             max: max - 1,
         });
     }
-    let mut c = Cmdline::new(max).map_err(|e| BootError::Cmdline(e.to_string()))?;
+    let mut c = Cmdline::new(max).map_err(BootError::Cmdline)?;
     if !s.trim().is_empty() {
-        c.insert_str(s)
-            .map_err(|e| BootError::Cmdline(e.to_string()))?;
+        c.insert_str(s).map_err(BootError::Cmdline)?;
     }
     Ok(c)
 }
@@ -285,7 +289,7 @@ fn load_initrd(
     let mut head = [0u8; 6];
     let got = f.read(&mut head).map_err(|e| BootError::InitrdRead {
         path: p.clone(),
-        err: e.to_string(),
+        source: e.into(),
     })?;
     if !is_initramfs(&head[..got]) {
         return Err(BootError::InitrdFormat { path: p });
@@ -293,7 +297,7 @@ fn load_initrd(
     f.seek(SeekFrom::Start(0))
         .map_err(|e| BootError::InitrdRead {
             path: p.clone(),
-            err: e.to_string(),
+            source: e.into(),
         })?;
     let low_end = mem
         .iter()
@@ -315,7 +319,7 @@ fn load_initrd(
     mem.read_exact_volatile_from(GuestAddress(addr), &mut f, len)
         .map_err(|e| BootError::InitrdRead {
             path: p.clone(),
-            err: e.to_string(),
+            source: e.into(),
         })?;
     Ok((addr, size))
 }
