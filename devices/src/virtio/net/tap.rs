@@ -109,7 +109,7 @@ impl Tap {
     /// Sets the offloads the tap may hand us (what the guest can receive).
     fn offload(&self, flags: u32) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its argument by value.
-        if unsafe { libc::ioctl(self.fd(), TUNSETOFFLOAD, flags as libc::c_ulong) } < 0 {
+        if unsafe { libc::ioctl(self.fd(), TUNSETOFFLOAD, libc::c_ulong::from(flags)) } < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
