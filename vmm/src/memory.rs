@@ -224,6 +224,24 @@ impl GuestRam {
         unsafe { self.vm.set_user_memory_region(r) }.map_err(kvm_op("register guest memory"))
     }
 
+    /// Makes KVM forget every mapping it derived from guest memory (its
+    /// shadow or nested page tables): each slot is deleted and registered
+    /// again. Needed when the VMM has rewritten memory under a VM that has
+    /// run (a revert, a COLO checkpoint): KVM does not see writes through
+    /// the VMM's own mapping, and a vCPU would go on through page tables
+    /// that are no longer in memory. The VM must be paused. A dirty log
+    /// that is on stays on, from clean.
+    pub fn forget_mappings(&self) -> Result<(), MemoryError> {
+        let log = devices::bus::lock(&self.log);
+        let flags = if log.on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 };
+        for s in &self.slots {
+            let gone = Slot { bytes: 0, ..*s };
+            self.register(&gone, 0)?;
+            self.register(s, flags)?;
+        }
+        Ok(())
+    }
+
     /// Whether the dirty log is on.
     pub fn logging(&self) -> bool {
         devices::bus::lock(&self.log).on

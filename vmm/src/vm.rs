@@ -296,7 +296,9 @@ impl VmHandle {
         Ok(())
     }
 
-    /// Puts the paused VM in state `s` (memory is the caller's): VM-wide
+    /// Puts the paused VM in state `s` (memory is the caller's, written
+    /// before; KVM's mappings derived from the old memory are dropped):
+    /// VM-wide
     /// state, every vCPU (in parallel), every device (a live one restarts
     /// on the saved queues) and the serial port; the guest clock is set to
     /// `s`'s on resume. Everything is checked before anything changes.
@@ -306,6 +308,9 @@ impl VmHandle {
             return Err(VmOpError::NotPaused);
         }
         self.check_state(s)?;
+        // Whatever KVM built from the memory the vCPUs ran on goes: the
+        // caller has just written the state's memory.
+        self.0.ram.forget_mappings()?;
         vm_state::apply_vm_wide(&self.0.fd, &s.vm)?;
         lock(&self.0.vcpus).apply(s.vcpus.clone())?;
         for (slot, (_, d)) in self.virtio().iter().zip(&s.devices) {
