@@ -11,7 +11,7 @@
 //! 4. the serial console's state, then each virtio device's `dev.<id>`
 //!    of the kind the manifest lists;
 //! 5. the memory image validated against the VM's layout;
-//! 6. (vm.rs) devices built on guest memory of that layout, every
+//! 6. (builder.rs) devices built on guest memory of that layout, every
 //!    transport state checked, the memory image read into guest memory,
 //!    each transport restored, the serial console rebuilt from its state.
 //!
@@ -114,7 +114,7 @@ pub fn restore(bytes: &[u8]) -> Result<Restored, String> {
     let layout = ram_ranges(saved.mem_bytes);
     migration::validate_memory(&mut reader, section::MEMORY, &layout).map_err(refused)?;
 
-    // vm.rs, Start::Restore: the devices on the new VM's memory.
+    // builder.rs, Start::Restore: the devices on the new VM's memory.
     let mem = GuestMemoryMmap::from_ranges(
         &layout
             .iter()

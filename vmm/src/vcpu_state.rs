@@ -1,12 +1,14 @@
 //! Reading and writing one vCPU's whole state through its `VcpuFd`.
 //!
-//! Capture runs on the vCPU's own thread while it is parked at the pause
-//! gate (see `vcpu.rs`): the thread owns its `VcpuFd`, and a parked thread
+//! Capture and apply run on the vCPU's own thread while it is paused,
+//! waiting on its channel (see `vcpu.rs`): the thread owns its `VcpuFd`, and a parked thread
 //! is outside `KVM_RUN`, so its state is stable. Before reading, a pending
 //! PIO/MMIO completion is finished with one `KVM_RUN` under
 //! `immediate_exit` (KVM completes a userspace exit only on the next
 //! `KVM_RUN`; without this an `IN` the vCPU just served would be lost).
-//! Apply runs on the VMM thread before the vCPU thread starts.
+//! Apply writes a vCPU that is paused: one not yet run (a restore) or one
+//! that has run (a revert, a COLO checkpoint; KVM then takes the CPUID only
+//! if it is the one the vCPU has, which a state of the same VM carries).
 //!
 //! # CPUID and TSC frequency
 //! Capture saves the CPUID the guest sees (`KVM_GET_CPUID2`) and its TSC
