@@ -511,7 +511,7 @@ fn snapshot_restore_twice_and_refusals() {
             &slow,
             &slow_args,
             &format!(
-                "restoring vCPU 0: the snapshot's guest TSC runs at {} kHz, this host's at \
+                "restoring the VM: vCPU 0: the snapshot's guest TSC runs at {} kHz, this host's at \
                  {tsc_khz} kHz, and KVM cannot scale it here",
                 tsc_khz / 2
             ),
