@@ -23,8 +23,9 @@ use migration::vm::VmState;
 use migration::{section, DeviceConfig, Manifest, SnapshotReader, SnapshotWriter, Snapshottable};
 use tandem_fuzz::fixtures;
 use tandem_fuzz::mmio::{self, Probed};
-use tandem_fuzz::restore::{assemble, ram_ranges, restore};
+use tandem_fuzz::restore::{assemble, restore};
 use vm_memory::GuestAddress;
+use vmm::boot::layout::ram_ranges;
 
 const MAC: [u8; 6] = [0x02, 0x54, 0x4e, 0x00, 0x00, 0x01];
 

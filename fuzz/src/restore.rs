@@ -1,57 +1,45 @@
 //! The restore path of a snapshot file short of KVM, for the
-//! `snapshot_reader` target: everything `vmm::snapshot::load` and the
-//! restore branch of `vmm::vm` do before their first KVM call, in their
-//! order, with the migration and devices crates only.
+//! `snapshot_reader` target: the vmm's own loader, then what the restore
+//! branch of `vmm::builder` does with devices before its first KVM call.
 //!
 //! 1. `SnapshotReader::open` (the whole file verified), then every section
 //!    it indexes is read back (it must lie where the index says);
-//! 2. the manifest; its compatibility with itself (the configuration a
-//!    restore without options asks for); vCPU count and memory size;
-//! 3. `vm` and each `vcpu.N`, decoded and converted to the KVM structures;
-//! 4. the serial console's state, then each virtio device's `dev.<id>`
-//!    of the kind the manifest lists;
-//! 5. the memory image validated against the VM's layout;
-//! 6. (builder.rs) devices built on guest memory of that layout, every
+//! 2. `vmm::snapshot::load_image`: the manifest checked against itself (a
+//!    restore without options), vCPU count and memory size, `vm` and each
+//!    `vcpu.N` converted to the KVM structures, the serial console's state,
+//!    each virtio device's `dev.<id>` of the kind the manifest lists with
+//!    its queues' shape, and the memory image validated against the layout;
+//! 3. (builder.rs) devices built on guest memory of that layout, every
 //!    transport state checked, the memory image read into guest memory,
 //!    each transport restored, the serial console rebuilt from its state.
 //!
-//! Checks that live only in the vmm are copied here and marked "vmm:".
-//! Invariants of the code under test are asserted (a panic is a finding):
-//! a state `check_state` accepts is restored and saves back the same; the
-//! image hands out only pages inside the layout, in order, and accounts
-//! for its whole body.
+//! No check of the vmm is copied here. Invariants of the code under test
+//! are asserted (a panic is a finding): a manifest with unique ids is
+//! compatible with itself; a state `check_state` accepts is restored and
+//! saves back the same; the image hands out only pages inside the layout,
+//! in order, and accounts for its whole body.
 
 use std::io::{self, Cursor};
 
 use devices::serial::Serial;
 use devices::virtio::mmio::MmioTransport;
 use devices::GuestMemoryMmap;
-use migration::devices::{DeviceState, MmioTransportState};
 use migration::format::{FormatError, SectionInfo, SectionKind};
 use migration::memory::PAGE_SIZE;
-use migration::vcpu::VcpuState;
-use migration::vm::VmState;
 use migration::{
-    check_compatible, section, DeviceConfig, Manifest, SnapshotReader, SnapshotWriter,
-    Snapshottable,
+    check_compatible, DeviceConfig, Manifest, SnapshotReader, SnapshotWriter, Snapshottable,
 };
 use vm_memory::{Bytes, GuestAddress};
+use vmm::boot::layout::ram_ranges;
+use vmm::vm_state::VmState;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::fixtures;
 
-/// vmm: `config::max_cpus()` (the MP table's limit).
-pub const MAX_VCPUS: u32 = 32;
-/// vmm: `config::check_mem_fits` refuses more than the host has; here a
-/// fixed cap, so that the target behaves the same on every machine.
+/// The fuzz harness's own limit (not a check of the vmm's, which allows
+/// what the host has): guest memory it builds for a restore, so that the
+/// target behaves the same on every machine.
 pub const MAX_MEM: u64 = 8 << 30;
-/// vmm: the smallest guest `load` takes.
-pub const MIN_MEM: u64 = 16 << 20;
-/// vmm: the UART's receive FIFO (`snapshot::UART_FIFO`).
-const UART_FIFO: usize = 64;
-/// vmm: `boot::layout::MMIO_GAP_START` / `MMIO_GAP_END`.
-const MMIO_GAP_START: u64 = 0xd000_0000;
-const MMIO_GAP_END: u64 = 0x1_0000_0000;
 
 /// What a restore that went through got back.
 #[derive(Debug)]
@@ -64,15 +52,6 @@ pub struct Restored {
     pub pages: u64,
 }
 
-/// vmm: `boot::layout::ram_ranges`: below the MMIO gap, then above 4 GiB.
-pub fn ram_ranges(mem: u64) -> Vec<(u64, u64)> {
-    if mem <= MMIO_GAP_START {
-        vec![(0, mem)]
-    } else {
-        vec![(0, MMIO_GAP_START), (MMIO_GAP_END, mem - MMIO_GAP_START)]
-    }
-}
-
 fn refused(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
@@ -83,36 +62,17 @@ pub fn restore(bytes: &[u8]) -> Result<Restored, String> {
     let mut reader = SnapshotReader::open(Cursor::new(bytes)).map_err(refused)?;
     check_index(reader.sections(), bytes.len() as u64);
     read_all(&mut reader)?;
+    self_compatible(&mut reader);
 
-    let saved: Manifest = reader.read_state(section::MANIFEST).map_err(refused)?;
-    let ids_unique = saved
-        .devices
-        .iter()
-        .enumerate()
-        .all(|(i, d)| saved.devices[..i].iter().all(|e| e.id() != d.id()));
-    match check_compatible(&saved, &saved) {
-        Ok(_) => {}
-        Err(e) if ids_unique => panic!("a manifest is not compatible with itself: {e}"),
-        Err(e) => return Err(refused(e)),
+    let mut image = vmm::snapshot::load_image(Cursor::new(bytes), "fuzz").map_err(refused)?;
+    let saved = image.state.manifest.clone();
+    if saved.mem_bytes > MAX_MEM {
+        return Err(format!(
+            "{} MiB: over the harness's limit",
+            saved.mem_bytes >> 20
+        ));
     }
-    if saved.vcpus == 0 || saved.vcpus > MAX_VCPUS {
-        return Err(format!("{} vCPUs", saved.vcpus));
-    }
-    if saved.mem_bytes < MIN_MEM
-        || saved.mem_bytes > MAX_MEM
-        || !saved.mem_bytes.is_multiple_of(PAGE_SIZE)
-    {
-        return Err(format!("memory size {} bytes", saved.mem_bytes));
-    }
-
-    read_kvm_state(&mut reader, None)?;
-    for id in 0..saved.vcpus {
-        read_kvm_state(&mut reader, Some(id))?;
-    }
-    let serial = read_serial(&mut reader)?;
-    let transports = read_transports(&mut reader, &saved)?;
     let layout = ram_ranges(saved.mem_bytes);
-    migration::validate_memory(&mut reader, section::MEMORY, &layout).map_err(refused)?;
 
     // builder.rs, Start::Restore: the devices on the new VM's memory.
     let mem = GuestMemoryMmap::from_ranges(
@@ -122,14 +82,19 @@ pub fn restore(bytes: &[u8]) -> Result<Restored, String> {
             .collect::<Vec<_>>(),
     )
     .map_err(refused)?;
-    let mut built = Vec::with_capacity(transports.len());
-    for (config, state) in &transports {
+    let configs = saved
+        .devices
+        .iter()
+        .filter(|d| !matches!(d, DeviceConfig::Serial { .. }));
+    let mut built = Vec::with_capacity(image.state.devices.len());
+    for (config, (_, state)) in configs.zip(&image.state.devices) {
+        let transport = VmState::transport(state).expect("the loader checked the device's kind");
         let t = device_for(config, &mem);
-        t.check_state(state).map_err(refused)?;
-        built.push(t);
+        t.check_state(transport).map_err(refused)?;
+        built.push((t, transport.clone()));
     }
-    let pages = fill_memory(&mut reader, &layout, &mem);
-    for (t, (_, state)) in built.iter_mut().zip(&transports) {
+    let pages = fill_memory(&mut image, &layout, &mem);
+    for (t, state) in &mut built {
         if let Err(e) = t.restore(state) {
             panic!("restore refused a state check_state accepted: {e}\n{state:#x?}");
         }
@@ -140,12 +105,28 @@ pub fn restore(bytes: &[u8]) -> Result<Restored, String> {
         );
     }
     let irq = EventFd::new(EFD_NONBLOCK).expect("an eventfd");
-    Serial::from_state(irq, io::sink(), &serial).map_err(refused)?;
+    Serial::from_state(irq, io::sink(), &image.state.serial).map_err(refused)?;
     Ok(Restored {
         manifest: saved,
         devices: built.len(),
         pages,
     })
+}
+
+/// A manifest whose device ids are unique is compatible with itself (the
+/// loader refuses it otherwise, which would hide every later check).
+fn self_compatible(reader: &mut SnapshotReader<Cursor<&[u8]>>) {
+    let Ok(saved) = reader.read_state::<Manifest>(migration::section::MANIFEST) else {
+        return;
+    };
+    let ids_unique = saved
+        .devices
+        .iter()
+        .enumerate()
+        .all(|(i, d)| saved.devices[..i].iter().all(|e| e.id() != d.id()));
+    if let Err(e) = check_compatible(&saved, &saved) {
+        assert!(!ids_unique, "a manifest is not compatible with itself: {e}");
+    }
 }
 
 /// The index `open` built: sections inside the file, in order, disjoint,
@@ -186,81 +167,6 @@ fn read_all(reader: &mut SnapshotReader<Cursor<&[u8]>>) -> Result<(), String> {
     Ok(())
 }
 
-/// The one place that knows the vCPU and VM state types: reads the `vm`
-/// section (`vcpu` None) or vCPU `id`'s section, and converts it to the
-/// KVM structures as the vmm does before its ioctls.
-fn read_kvm_state(
-    reader: &mut SnapshotReader<Cursor<&[u8]>>,
-    vcpu: Option<u32>,
-) -> Result<(), String> {
-    match vcpu {
-        None => {
-            let vm: VmState = reader.read_state(section::VM).map_err(refused)?;
-            vm.to_kvm().map(drop).map_err(refused)
-        }
-        Some(id) => {
-            let name = section::vcpu(id);
-            let v: VcpuState = reader.read_state(&name).map_err(refused)?;
-            if v.id != id {
-                // vmm: each section holds the vCPU it is named after.
-                return Err(format!("section {name} holds vCPU {}", v.id));
-            }
-            v.to_kvm().map(drop).map_err(refused)
-        }
-    }
-}
-
-/// The serial console's state (vmm: a serial port, FIFO not over 64 bytes).
-fn read_serial(
-    reader: &mut SnapshotReader<Cursor<&[u8]>>,
-) -> Result<vm_superio::serial::SerialState, String> {
-    let dev = section::device("com1");
-    match reader.read_state::<DeviceState>(&dev).map_err(refused)? {
-        DeviceState::Serial(s) if s.in_buffer.len() <= UART_FIFO => {
-            Ok(vm_superio::serial::SerialState::from(&s))
-        }
-        DeviceState::Serial(s) => Err(format!("{} bytes in the FIFO", s.in_buffer.len())),
-        _ => Err(format!("section {dev} is not a serial port")),
-    }
-}
-
-/// Each virtio device's transport state, of the kind the manifest lists,
-/// in manifest order.
-fn read_transports(
-    reader: &mut SnapshotReader<Cursor<&[u8]>>,
-    saved: &Manifest,
-) -> Result<Vec<(DeviceConfig, MmioTransportState)>, String> {
-    let mut out = Vec::new();
-    for d in &saved.devices {
-        let net = match d {
-            DeviceConfig::Serial { .. } => continue,
-            DeviceConfig::Net { .. } => true,
-            DeviceConfig::Blk { .. } => false,
-        };
-        let name = section::device(d.id());
-        let transport = match reader.read_state::<DeviceState>(&name).map_err(refused)? {
-            DeviceState::VirtioNet { transport, .. } if net => transport,
-            DeviceState::VirtioBlk { transport, .. } if !net => transport,
-            _ => return Err(format!("section {name} is not the {}", d.describe())),
-        };
-        check_queues(&transport, if net { 2 } else { 1 })?;
-        out.push((d.clone(), transport));
-    }
-    Ok(out)
-}
-
-/// vmm: `snapshot::check_queues` (queue count, each queue's registers).
-fn check_queues(t: &MmioTransportState, count: usize) -> Result<(), String> {
-    if t.queues.len() != count {
-        return Err(format!("{} queues, the device has {count}", t.queues.len()));
-    }
-    for (i, q) in t.queues.iter().enumerate() {
-        virtio_queue::Queue::try_from(virtio_queue::QueueState::from(q))
-            .map_err(|e| format!("queue {i}: {e:?}"))?;
-    }
-    Ok(())
-}
-
 /// A fresh transport for the device `config` describes, on `mem`.
 fn device_for(config: &DeviceConfig, mem: &GuestMemoryMmap) -> MmioTransport {
     match config {
@@ -275,12 +181,12 @@ fn device_for(config: &DeviceConfig, mem: &GuestMemoryMmap) -> MmioTransport {
 /// Reads the (validated) image into `mem`: every chunk lies inside the
 /// layout, after the previous one; the image accounts for its whole body.
 fn fill_memory(
-    reader: &mut SnapshotReader<Cursor<&[u8]>>,
+    image: &mut vmm::snapshot::Restore<Cursor<&[u8]>>,
     layout: &[(u64, u64)],
     mem: &GuestMemoryMmap,
 ) -> u64 {
     let mut next = 0u64;
-    let stats = migration::read_memory(reader, section::MEMORY, layout, |gpa, bytes| {
+    let stats = image.read_memory(|gpa, bytes| {
         let end = gpa + bytes.len() as u64;
         assert!(gpa >= next, "chunk at {gpa:#x} before {next:#x}");
         assert!(

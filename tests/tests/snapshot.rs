@@ -351,6 +351,15 @@ fn snapshot_restore_twice_and_refusals() {
     );
     let file_len = std::fs::metadata(&file).expect("snapshot file").len();
     assert_eq!(answer["file_bytes"], file_len, "{answer}");
+    let phase = |k: &str| answer[k].as_f64().unwrap_or(-1.0);
+    let phases = phase("capture_ms") + phase("write_ms") + phase("sync_ms");
+    assert!(
+        ["capture_ms", "write_ms", "sync_ms"]
+            .iter()
+            .all(|k| phase(k) >= 0.0)
+            && phases <= phase("ms"),
+        "the phases are parts of the snapshot's time: {answer}"
+    );
     assert!(
         !scratch("vm.snap.tmp").exists(),
         "temporary file left behind"

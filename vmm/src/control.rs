@@ -67,17 +67,24 @@ impl Control for VmControl {
     fn snapshot(&mut self, path: &Path) -> Result<Value, VmOpError> {
         let done = self.vm.snapshot(path)?;
         log::info!(
-            "snapshot {}: {} bytes ({} of memory) in {:.0} ms",
+            "snapshot {}: {} bytes ({} of memory) in {:.0} ms \
+             (state {:.1} ms, write {:.1} ms, fsync {:.1} ms)",
             path.display(),
             done.report.file_bytes,
             done.report.memory_bytes,
-            done.ms
+            done.ms,
+            done.capture_ms,
+            done.report.write_ms,
+            done.report.sync_ms
         );
         Ok(json!({
             "path": path,
             "file_bytes": done.report.file_bytes,
             "memory_bytes": done.report.memory_bytes,
             "ms": done.ms,
+            "capture_ms": done.capture_ms,
+            "write_ms": done.report.write_ms,
+            "sync_ms": done.report.sync_ms,
             "state": if done.was_running { "running" } else { "paused" },
         }))
     }

@@ -25,8 +25,9 @@
 //! the restored guest sees those as lost on the wire.
 
 use std::fs::File;
-use std::io::{self, BufWriter};
+use std::io::{self, BufWriter, Read, Seek};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use devices::GuestMemoryMmap;
 use migration::devices::{DeviceState, MmioTransportState, SerialState};
@@ -81,6 +82,10 @@ pub struct SaveReport {
     pub file_bytes: u64,
     /// Guest memory bytes stored (non-zero pages).
     pub memory_bytes: u64,
+    /// Time to write state and memory into the file (page cache), ms.
+    pub write_ms: f64,
+    /// Time of the fsync that makes the file durable, ms.
+    pub sync_ms: f64,
 }
 
 /// `F.tmp` next to `F`.
@@ -101,7 +106,7 @@ pub fn save(
         source,
     };
     let tmp = tmp_path(path);
-    let stats = match write_file(&tmp, state, mem) {
+    let written = match write_file(&tmp, state, mem) {
         Ok(s) => s,
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
@@ -120,7 +125,9 @@ pub fn save(
     let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     Ok(SaveReport {
         file_bytes,
-        memory_bytes: stats.pages * migration::memory::PAGE_SIZE,
+        memory_bytes: written.stats.pages * migration::memory::PAGE_SIZE,
+        write_ms: written.write_ms,
+        sync_ms: written.sync_ms,
     })
 }
 
@@ -135,9 +142,17 @@ pub enum SaveError {
     Memory(#[from] MemoryError),
 }
 
+/// What [`write_file`] wrote, and how long its two phases took.
+struct Written {
+    stats: ImageStats,
+    write_ms: f64,
+    sync_ms: f64,
+}
+
 /// Writes the whole file `tmp` (state sections, memory, trailer) and
 /// fsyncs it; returns what the memory image holds.
-fn write_file(tmp: &Path, state: &VmState, mem: &GuestMemoryMmap) -> Result<ImageStats, SaveError> {
+fn write_file(tmp: &Path, state: &VmState, mem: &GuestMemoryMmap) -> Result<Written, SaveError> {
+    let start = Instant::now();
     let file = File::create(tmp)?;
     let mut w = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, file))?;
     w.write_state(section::MANIFEST, &state.manifest)?;
@@ -154,15 +169,26 @@ fn write_file(tmp: &Path, state: &VmState, mem: &GuestMemoryMmap) -> Result<Imag
     let stats = migration::memory::write_memory_from(&mut w, section::MEMORY, &GuestPages(mem))?;
     let out = w.finish()?;
     let file = out.into_inner().map_err(|e| e.into_error())?;
+    let write_ms = ms_since(start);
+    let synced = Instant::now();
     file.sync_all()?;
-    Ok(stats)
+    Ok(Written {
+        stats,
+        write_ms,
+        sync_ms: ms_since(synced),
+    })
 }
 
-/// A verified snapshot, converted and ready to apply to a new VM.
-pub struct Restore {
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// A verified snapshot, converted and ready to apply to a new VM; `R` is
+/// where it is read from (a file, or bytes in memory for the fuzz target).
+pub struct Restore<R: Read + Seek = File> {
     /// Everything but memory.
     pub state: VmState,
-    reader: SnapshotReader<File>,
+    reader: SnapshotReader<R>,
     path: String,
 }
 
@@ -205,21 +231,38 @@ pub fn load_for(path: &Path, current: &Manifest) -> Result<Restore, SnapshotErro
     l.finish(saved, current)
 }
 
-/// A verified snapshot file, read section by section by [`load`].
-struct Loader {
-    reader: SnapshotReader<File>,
+/// Verifies a whole snapshot read from `image` (named `shown` in errors)
+/// as `tandem run --restore` without options would: every check of
+/// [`load`] but the devices' backends. The fuzz target's way in.
+pub fn load_image<R: Read + Seek>(image: R, shown: &str) -> Result<Restore<R>, SnapshotError> {
+    let mut l = Loader::from_reader(image, shown.to_string())?;
+    let saved: Manifest = l.state(section::MANIFEST)?;
+    let requested = saved.clone();
+    l.finish(saved, &requested)
+}
+
+/// A verified snapshot, read section by section by [`load`].
+struct Loader<R: Read + Seek> {
+    reader: SnapshotReader<R>,
     shown: String,
 }
 
-impl Loader {
+impl Loader<File> {
     /// Opens `path` and verifies the whole file (CRC, structure).
-    fn open(path: &Path) -> Result<Loader, SnapshotError> {
+    fn open(path: &Path) -> Result<Self, SnapshotError> {
         let shown = path.display().to_string();
         let file = File::open(path).map_err(|err| SnapshotError::Open {
             path: shown.clone(),
             err,
         })?;
-        let reader = SnapshotReader::open(file).map_err(|err| SnapshotError::Format {
+        Loader::from_reader(file, shown)
+    }
+}
+
+impl<R: Read + Seek> Loader<R> {
+    /// Verifies the whole image (CRC, structure).
+    fn from_reader(image: R, shown: String) -> Result<Self, SnapshotError> {
+        let reader = SnapshotReader::open(image).map_err(|err| SnapshotError::Format {
             path: shown.clone(),
             err,
         })?;
@@ -228,7 +271,11 @@ impl Loader {
 
     /// Checks `saved` against `requested`, then reads and converts every
     /// state section and validates the memory image.
-    fn finish(mut self, saved: Manifest, requested: &Manifest) -> Result<Restore, SnapshotError> {
+    fn finish(
+        mut self,
+        saved: Manifest,
+        requested: &Manifest,
+    ) -> Result<Restore<R>, SnapshotError> {
         self.check_manifest(&saved, requested)?;
         let (vm, vcpus) = self.kvm_state(saved.vcpus)?;
         let serial = self.serial()?;
@@ -380,7 +427,7 @@ fn check_queues(t: &MmioTransportState, count: usize) -> Result<(), String> {
     Ok(())
 }
 
-impl Restore {
+impl<R: Read + Seek> Restore<R> {
     /// Copies the stored pages into guest memory that is not fresh: every
     /// page is zeroed first (the image leaves zero pages out).
     pub fn fill_memory_over(&mut self, mem: &GuestMemoryMmap) -> Result<ImageStats, SnapshotError> {
@@ -405,13 +452,24 @@ impl Restore {
 
     /// Copies the stored pages into fresh (zeroed) guest memory.
     pub fn fill_memory(&mut self, mem: &GuestMemoryMmap) -> Result<ImageStats, SnapshotError> {
+        self.read_memory(|gpa, bytes| mem.write_slice(bytes, GuestAddress(gpa)))
+    }
+
+    /// Hands the stored pages to `sink` as `(guest physical address,
+    /// bytes)`, in ascending order, each chunk inside the VM's layout.
+    pub fn read_memory<E>(
+        &mut self,
+        sink: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<ImageStats, SnapshotError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let layout = layout::ram_ranges(self.state.manifest.mem_bytes);
-        migration::read_memory(&mut self.reader, section::MEMORY, &layout, |gpa, bytes| {
-            mem.write_slice(bytes, GuestAddress(gpa))
-        })
-        .map_err(|err| SnapshotError::Memory {
-            path: self.path.clone(),
-            err,
+        migration::read_memory(&mut self.reader, section::MEMORY, &layout, sink).map_err(|err| {
+            SnapshotError::Memory {
+                path: self.path.clone(),
+                err,
+            }
         })
     }
 }

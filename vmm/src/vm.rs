@@ -147,6 +147,8 @@ pub struct SnapshotDone {
     pub report: SaveReport,
     /// Wall time, pause to resume.
     pub ms: f64,
+    /// Of that, capturing the state (vCPUs, VM, devices), ms.
+    pub capture_ms: f64,
     /// Whether the VM was running (and so was paused for it and resumed).
     pub was_running: bool,
 }
@@ -330,9 +332,11 @@ impl VmHandle {
         if was_running {
             self.pause()?;
         }
-        let saved = self
-            .capture_state()
-            .and_then(|s| snapshot::save(path, &s, self.memory()).map_err(VmOpError::from));
+        let captured = Instant::now();
+        let state = self.capture_state();
+        let capture_ms = captured.elapsed().as_secs_f64() * 1000.0;
+        let saved =
+            state.and_then(|s| snapshot::save(path, &s, self.memory()).map_err(VmOpError::from));
         if was_running {
             if let Err(e) = self.resume() {
                 log::error!("snapshot: cannot resume the VM: {e}");
@@ -341,6 +345,7 @@ impl VmHandle {
         Ok(SnapshotDone {
             report: saved?,
             ms: start.elapsed().as_secs_f64() * 1000.0,
+            capture_ms,
             was_running,
         })
     }

@@ -11,6 +11,13 @@
 //! ring re-enables notifications and is looked at once more, so a chain
 //! published meanwhile is not left without a notification.
 //!
+//! virtio-net RX does not use it: RX is driven by frames, not by the
+//! ring (a frame takes one chain, or several with mergeable buffers, and
+//! waits in the backend when the ring is empty), so `rx::deliver` pops the
+//! chains a frame needs itself; `pop_descriptor_chain` yields nothing for a
+//! hostile index, and RX then waits for the guest's next notification
+//! rather than spinning.
+//!
 //! Never does: hold the thread for a ring that does not move, log at a
 //! level a guest can flood, look at what a chain holds (that is `serve`'s).
 
