@@ -3,6 +3,7 @@
 //! This crate owns what a saved VM *is*, as data, and how it is laid out in a file:
 //! - [`format`](mod@format): the container (magic, version, named sections, CRC) and its verification;
 //! - [`memory`]: guest RAM as runs of non-zero pages, checked against the VM's layout;
+//! - [`protocol`]: the live-migration wire protocol (messages, framing, checks);
 //! - [`vcpu`], [`vm`], [`devices`]: serde `State` types for every component;
 //! - [`kvm`]: the `kvm-bindings` structures the vCPU and VM sections hold, and their checks;
 //! - [`kvm_serde`]: kvm-bindings' serde of those structures, held to exact sizes;
@@ -48,6 +49,7 @@ pub mod kvm;
 pub mod kvm_serde;
 pub mod manifest;
 pub mod memory;
+pub mod protocol;
 pub mod tsc;
 #[cfg(target_arch = "x86_64")]
 pub mod vcpu;
