@@ -11,4 +11,5 @@ pub mod fixtures;
 pub mod frames;
 pub mod mmio;
 pub mod restore;
+pub mod stream;
 pub mod virtq;

@@ -311,6 +311,30 @@ fn scratch(what: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tandem-{what}-{}-{n}", std::process::id()))
 }
 
+/// The base guest's memory size and vCPU count, as `tandem run` takes them.
+pub const BASE_MEM: &str = "128M";
+
+/// The device options of the base guest (its two NICs on `taps`, its disk
+/// at `disk`): what a restore or a migration's destination must give.
+pub fn device_args(taps: [&str; 2], disk: &Path) -> Vec<String> {
+    vec![
+        "--net".into(),
+        net_arg(0, taps[0]),
+        "--net".into(),
+        net_arg(1, taps[1]),
+        "--disk".into(),
+        disk_arg(disk),
+    ]
+}
+
+/// A copy of the base disk (the caller removes it).
+pub fn disk_copy() -> PathBuf {
+    let copy = scratch("disk");
+    std::fs::copy(&base().disk, &copy)
+        .unwrap_or_else(|e| panic!("copy the base disk to {}: {e}", copy.display()));
+    copy
+}
+
 impl TestVm {
     /// Continues the base guest ([`base`]) inside `ns`: eth0 on tap
     /// `taps[0]`, eth1 on `taps[1]` (created if absent; the host side's

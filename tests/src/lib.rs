@@ -337,6 +337,12 @@ impl TestVm {
         out
     }
 
+    /// Kills tandem (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Closes stdin (EOF on the console).
     pub fn close_stdin(&mut self) {
         self.stdin.take();

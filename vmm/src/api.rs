@@ -16,6 +16,11 @@
 //! {"cmd":"throttle","percent":N}   -> {"ok":true,"percent":N} (0 to 99; 0: off)
 //! {"cmd":"dirty_log","action":"start"|"read"|"stop"}
 //!                                  -> {"ok":true,"logging":...,"pages":...,"kvm_pages":...,...}
+//! {"cmd":"migrate","to":"tcp:H:P"|"unix:PATH","downtime_ms":300,"bandwidth_mib":null,
+//!  "auto_converge":true,"timeout_s":600}
+//!                                  -> {"ok":true,"migration":{status}} (started; fields optional)
+//! {"cmd":"migrate_status"}         -> {"ok":true,"migration":{"phase":...,"round":...,...}}
+//! {"cmd":"migrate_cancel"}         -> {"ok":true,"migration":{...}} (the guest runs on here)
 //! ```
 //! Any failure is `{"ok":false,"error":"..."}`; a malformed request, an
 //! oversized line or a client that goes away never affects the VM.
@@ -118,6 +123,23 @@ pub enum Request {
         #[serde(deserialize_with = "field::percent")]
         percent: u8,
     },
+    /// Starts a live migration to `to` (`tcp:HOST:PORT` or `unix:PATH`)
+    /// on the migration thread; answers at once (follow it with
+    /// `migrate_status`).
+    Migrate {
+        #[serde(deserialize_with = "field::endpoint")]
+        to: String,
+        #[serde(default = "field::default_downtime")]
+        downtime_ms: u64,
+        #[serde(default)]
+        bandwidth_mib: Option<u64>,
+        #[serde(default = "field::default_true")]
+        auto_converge: bool,
+        #[serde(default = "field::default_timeout")]
+        timeout_s: u64,
+    },
+    MigrateStatus {},
+    MigrateCancel {},
 }
 
 /// What `dirty_log` does: turn KVM's dirty log on, read (and reset) what
@@ -157,6 +179,26 @@ mod field {
             return Err(invalid::<D>("path", "must not be empty"));
         }
         Ok(p)
+    }
+
+    /// A migration address (`tcp:HOST:PORT` or `unix:PATH`).
+    pub fn endpoint<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        let s: String = named("to", d)?;
+        s.parse::<crate::migrate::Endpoint>()
+            .map_err(|e| invalid::<D>("to", e))?;
+        Ok(s)
+    }
+
+    pub fn default_downtime() -> u64 {
+        crate::migrate::status::DEFAULT_DOWNTIME_MS
+    }
+
+    pub fn default_timeout() -> u64 {
+        crate::migrate::status::DEFAULT_TIMEOUT_S
+    }
+
+    pub fn default_true() -> bool {
+        true
     }
 
     pub fn default_hz() -> u32 {
@@ -216,6 +258,18 @@ pub trait Control {
     fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, VmOpError> {
         Err(VmOpError::Unavailable("the dirty log"))
     }
+    /// Starts a live migration to `to`.
+    fn migrate(&mut self, _to: &str, _params: crate::migrate::Params) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("migration"))
+    }
+    /// The migration's progress (or its report, once it ended).
+    fn migrate_status(&mut self) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("migration"))
+    }
+    /// Cancels the migration under way; the guest runs on here.
+    fn migrate_cancel(&mut self) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("migration"))
+    }
 }
 
 impl Request {
@@ -264,6 +318,23 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         Request::ProfileStop { path } => answer(ctl.profile_stop(&path)),
         Request::Throttle { percent } => answer(ctl.throttle(percent)),
         Request::DirtyLog { action } => answer(ctl.dirty_log(action)),
+        Request::Migrate {
+            to,
+            downtime_ms,
+            bandwidth_mib,
+            auto_converge,
+            timeout_s,
+        } => {
+            let params = crate::migrate::Params {
+                downtime_ms,
+                bandwidth_mib,
+                auto_converge,
+                timeout_s,
+            };
+            answer(ctl.migrate(&to, params))
+        }
+        Request::MigrateStatus {} => answer(ctl.migrate_status()),
+        Request::MigrateCancel {} => answer(ctl.migrate_cancel()),
     }
 }
 

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use crate::api::{Control, DirtyLogAction};
 use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
+use crate::migrate::{Endpoint, Migration, Params};
 use crate::profile;
 use crate::vm::{VmHandle, VmOpError};
 
@@ -23,6 +24,8 @@ pub struct VmControl {
     symbols: Option<PathBuf>,
     /// When the dirty log was last started or read.
     dirty_since: Option<Instant>,
+    /// The last migration started from here (under way or ended).
+    migration: Option<Migration>,
 }
 
 impl VmControl {
@@ -32,6 +35,7 @@ impl VmControl {
             vm,
             symbols,
             dirty_since: None,
+            migration: None,
         }
     }
 }
@@ -48,11 +52,13 @@ impl Control for VmControl {
     }
 
     fn pause(&mut self) -> Result<f64, VmOpError> {
+        self.not_migrating()?;
         let took = self.vm.pause()?;
         Ok(took.as_secs_f64() * 1000.0)
     }
 
     fn resume(&mut self) -> Result<(), VmOpError> {
+        self.not_migrating()?;
         self.vm.resume()
     }
 
@@ -65,6 +71,7 @@ impl Control for VmControl {
     }
 
     fn snapshot(&mut self, path: &Path) -> Result<Value, VmOpError> {
+        self.not_migrating()?;
         let done = self.vm.snapshot(path)?;
         log::info!(
             "snapshot {}: {} bytes ({} of memory) in {:.0} ms \
@@ -90,6 +97,7 @@ impl Control for VmControl {
     }
 
     fn revert(&mut self, path: &Path) -> Result<Value, VmOpError> {
+        self.not_migrating()?;
         let done = self.vm.revert(path)?;
         log::info!(
             "revert to {}: {} pages in {:.0} ms",
@@ -125,11 +133,13 @@ impl Control for VmControl {
     }
 
     fn throttle(&mut self, percent: u8) -> Result<Value, VmOpError> {
+        self.not_migrating()?;
         self.vm.throttle(percent)?;
         Ok(json!({"percent": percent}))
     }
 
     fn dirty_log(&mut self, action: DirtyLogAction) -> Result<Value, VmOpError> {
+        self.not_migrating()?;
         let ram = self.vm.ram().clone();
         match action {
             DirtyLogAction::Start => {
@@ -145,9 +155,55 @@ impl Control for VmControl {
             }
         }
     }
+
+    fn migrate(&mut self, to: &str, params: Params) -> Result<Value, VmOpError> {
+        self.not_migrating()?;
+        params.check().map_err(VmOpError::Migration)?;
+        let to: Endpoint = to.parse().map_err(VmOpError::Migration)?;
+        if self.vm.ram().logging() {
+            return Err(VmOpError::Migration(
+                "the dirty log is on (dirty-log stop first)".into(),
+            ));
+        }
+        // The last one's thread has ended: dropping it joins at once.
+        self.migration = None;
+        let m = Migration::start(self.vm.clone(), to, params)
+            .map_err(|e| VmOpError::Migration(format!("cannot start the thread: {e}")))?;
+        self.migration = Some(m);
+        self.migration_json()
+    }
+
+    fn migrate_status(&mut self) -> Result<Value, VmOpError> {
+        self.migration_json()
+    }
+
+    fn migrate_cancel(&mut self) -> Result<Value, VmOpError> {
+        match &self.migration {
+            Some(m) if m.active() => m.cancel(),
+            _ => return Err(VmOpError::Migration("none under way".into())),
+        }
+        self.migration_json()
+    }
 }
 
 impl VmControl {
+    /// Refuses what would change the VM under a migration.
+    fn not_migrating(&self) -> Result<(), VmOpError> {
+        match &self.migration {
+            Some(m) if m.active() => Err(VmOpError::Migrating),
+            _ => Ok(()),
+        }
+    }
+
+    fn migration_json(&self) -> Result<Value, VmOpError> {
+        let m = self
+            .migration
+            .as_ref()
+            .ok_or_else(|| VmOpError::Migration("none started".into()))?;
+        let status = serde_json::to_value(m.status()).map_err(VmOpError::Encode)?;
+        Ok(json!({ "migration": status }))
+    }
+
     /// `dirty_log read`: the pages written since the log started or was
     /// last read, by source, then reset.
     fn dirty_read(&mut self, ram: &GuestRam) -> Result<Value, VmOpError> {

@@ -19,6 +19,10 @@ pub enum VmExit {
     Panic(String),
     /// A vCPU could not go on; what happened.
     Fatal(String),
+    /// The guest was migrated to this address and runs there now.
+    Migrated(String),
+    /// An incoming migration failed before the guest ran here; why.
+    IncomingFailed(String),
 }
 
 impl VmExit {
@@ -27,7 +31,12 @@ impl VmExit {
     /// errors before the guest runs.)
     pub fn status(&self) -> i32 {
         match self {
-            VmExit::Reboot | VmExit::PowerOff | VmExit::Quit | VmExit::Shutdown => 0,
+            VmExit::Reboot
+            | VmExit::PowerOff
+            | VmExit::Quit
+            | VmExit::Shutdown
+            | VmExit::Migrated(_) => 0,
+            VmExit::IncomingFailed(_) => 1,
             VmExit::Panic(_) => 2,
             VmExit::Fatal(_) => 3,
         }

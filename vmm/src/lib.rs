@@ -10,7 +10,8 @@
 //! Linux; `console` connects the serial port to the user's terminal; `api`
 //! serves the control socket and `control` maps its verbs onto the
 //! `VmHandle`; `snapshot` writes and reads a `VmState` and memory as a
-//! file, `vcpu_state` reads and writes a vCPU's; `host`, `cpuid` and
+//! file, `vcpu_state` reads and writes a vCPU's; `migrate` sends a running
+//! VM to another tandem (its own thread) and receives one (`--incoming`); `host`, `cpuid` and
 //! `emulation` hold what this host's KVM needs (see each module);
 //! `profile` samples where the guest spends its time; `kvm_util` is the
 //! one KVM error.
@@ -30,6 +31,7 @@ pub mod exit_counts;
 pub mod host;
 pub mod kvm_util;
 pub mod memory;
+pub mod migrate;
 pub mod pause;
 pub mod profile;
 pub mod run_args;

@@ -44,7 +44,8 @@ Examples: printf 'uname -r\\nreboot -f\\n' | tandem run
     #[command(after_help = "\
 Verbs: status, pause, resume, metrics, shutdown, snapshot PATH, revert PATH, \
 profile-start [--hz N], profile-stop PATH, dirty-log start|read|stop, \
-throttle PERCENT.
+throttle PERCENT, migrate ADDR [--downtime-ms N] [--bandwidth MIB_PER_S] \
+[--auto-converge on|off] [--timeout-s N] [--json], migrate-status, migrate-cancel.
 
 Example: tandem ctl --api-sock /tmp/vm.sock pause")]
     Ctl(CtlArgs),
@@ -111,6 +112,39 @@ enum Verb {
         #[arg(value_parser = clap::value_parser!(u8).range(0..=99))]
         percent: u8,
     },
+    /// Send the running guest to `tandem run --incoming ADDR` (live: it runs
+    /// on while its memory is copied, and pauses only for the last copy).
+    /// Shows progress on a terminal and ends with a report. On success the
+    /// VMM here exits (status 0); on any failure the guest runs on here as
+    /// before. Exit status 0 when the migration completed, 1 otherwise.
+    Migrate {
+        /// Where: tcp:HOST:PORT or unix:PATH.
+        #[arg(value_parser = |s: &str| s.parse::<vmm::migrate::Endpoint>())]
+        to: vmm::migrate::Endpoint,
+        /// The longest the guest may stay paused at the switch-over, ms.
+        #[arg(long, value_name = "MS", default_value_t = vmm::migrate::status::DEFAULT_DOWNTIME_MS,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        downtime_ms: u64,
+        /// Send at most this many MiB/s (default: unlimited).
+        #[arg(long, value_name = "MIB_PER_S", value_parser = clap::value_parser!(u64).range(1..))]
+        bandwidth: Option<u64>,
+        /// Throttle the vCPUs step by step when the guest dirties memory
+        /// faster than it is sent.
+        #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
+              value_parser = clap::builder::BoolishValueParser::new())]
+        auto_converge: bool,
+        /// Give up after this many seconds (the guest runs on here).
+        #[arg(long, value_name = "S", default_value_t = vmm::migrate::status::DEFAULT_TIMEOUT_S,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_s: u64,
+        /// Print the report as one JSON object (and no progress bar).
+        #[arg(long)]
+        json: bool,
+    },
+    /// The migration's progress, or its report once it ended.
+    MigrateStatus,
+    /// Cancel the migration under way; the guest runs on here.
+    MigrateCancel,
     /// Guest memory's dirty log: `start` turns KVM's log on, `read` prints
     /// the pages written since the last read (by the vCPUs and by device
     /// emulation) and resets it, `stop` turns it off.
@@ -151,6 +185,29 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
         },
         Verb::Throttle { percent } => Request::Throttle { percent: *percent },
         Verb::DirtyLog { action } => Request::DirtyLog { action: *action },
+        Verb::Migrate {
+            to,
+            downtime_ms,
+            bandwidth,
+            auto_converge,
+            timeout_s,
+            json,
+        } => {
+            let req = Request::Migrate {
+                to: to.to_string(),
+                downtime_ms: *downtime_ms,
+                bandwidth_mib: *bandwidth,
+                auto_converge: *auto_converge,
+                timeout_s: *timeout_s,
+            };
+            return match vmm::migrate::client::follow(&args.api_sock, &req, *json) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => fail(e),
+            };
+        }
+        Verb::MigrateStatus => Request::MigrateStatus {},
+        Verb::MigrateCancel => Request::MigrateCancel {},
     };
     let table = matches!(args.verb, Verb::ProfileStop { json: false, .. });
     match vmm::api::request(&args.api_sock, &req) {
@@ -204,7 +261,11 @@ fn parse_cli() -> Result<Cli, ExitCode> {
                     _ => break,
                 }
             }
-            eprintln!("tandem: {first} (see 'tandem run --help')");
+            let sub = std::env::args().nth(1).filter(|a| a == "run" || a == "ctl");
+            let help = sub.map_or("tandem --help".to_string(), |s| {
+                format!("tandem {s} --help")
+            });
+            eprintln!("tandem: {first} (see '{help}')");
             Err(ExitCode::from(1))
         }
     }
@@ -239,7 +300,50 @@ fn main() -> ExitCode {
     if let Some(path) = args.restore.clone() {
         return restore(&path, args);
     }
+    if let Some(from) = args.incoming.clone() {
+        return incoming(from, args);
+    }
     boot(args, cmdline)
+}
+
+/// `tandem run --incoming ADDR`: build the VM paused, bind ADDR, and let
+/// the incoming thread fill and start it.
+fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
+    let mem = match args.mem.map_or_else(|| config::parse_mem(DEFAULT_MEM), Ok) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = config::check_mem_fits(mem, &format!("{}M", mem >> 20)) {
+        return fail(e);
+    }
+    let profile = match args.profile(None) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let listener = match vmm::migrate::dest::listen(&from) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let cfg = VmConfig {
+        kernel: PathBuf::new(),
+        initrd: None,
+        cmdline: String::new(),
+        mem_bytes: mem,
+        cpus: args.cpus.unwrap_or(1),
+        nets: args.nets,
+        disks: args.disks,
+        metrics: args.metrics,
+        api_sock: args.api_sock,
+        profile,
+    };
+    let vm = match vmm::builder::build(&cfg, Start::Incoming) {
+        Ok(vm) => vm,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = vmm::migrate::dest::spawn(vm.handle(), listener, from) {
+        return fail(format!("cannot start the incoming thread: {e}"));
+    }
+    finish(vm.run())
 }
 
 /// `tandem run`: boot the kernel given (or the default guest).
@@ -317,6 +421,10 @@ fn finish(result: Result<VmExit, vmm::vm_loop::VmError>) -> ExitCode {
             match &why {
                 VmExit::Panic(msg) => eprintln!("tandem: the guest kernel panicked: {msg}"),
                 VmExit::Fatal(msg) => eprintln!("tandem: the VM stopped: {msg}"),
+                VmExit::Migrated(to) => {
+                    eprintln!("tandem: the guest migrated to {to} and runs there")
+                }
+                VmExit::IncomingFailed(msg) => eprintln!("tandem: error: {msg}"),
                 other => log::info!("guest ended: {other:?}"),
             }
             ExitCode::from(why.status() as u8)

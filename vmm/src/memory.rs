@@ -340,17 +340,52 @@ impl GuestRam {
     /// just before copying those pages. Without manual protection (KVM
     /// resets on read) there is nothing to do.
     pub fn clear_dirty(&self, slot: u32, first: u64, count: u64) -> Result<(), MemoryError> {
-        let log = *devices::bus::lock(&self.log);
-        let s = *self
-            .slots
+        let s = self.slot(slot)?;
+        let range = clear_range(&s, first, count)?;
+        let mut bitmap = vec![u64::MAX; (range.1 as usize).div_ceil(64)];
+        self.clear_bits(slot, range, &mut bitmap)
+    }
+
+    /// Resets KVM's log (and write-protects again) only the pages whose
+    /// bits are set in `mask`: bit `i` of `mask` is page `first + i` of
+    /// `slot`, `first` a multiple of 64. What a migration round does just
+    /// before it copies the pages of its own bitmap, so that a page written
+    /// since that bitmap was read, and not in it, stays dirty in KVM's log.
+    pub fn clear_dirty_mask(&self, slot: u32, first: u64, mask: &[u64]) -> Result<(), MemoryError> {
+        let s = self.slot(slot)?;
+        let count = mask.len() as u64 * 64;
+        let range = clear_range(&s, first, count)?;
+        if range.0 != first {
+            return Err(MemoryError::Range {
+                slot,
+                first,
+                end: first.saturating_add(count),
+                pages: s.pages(),
+            });
+        }
+        let mut bitmap = mask[..(range.1 as usize).div_ceil(64)].to_vec();
+        self.clear_bits(slot, range, &mut bitmap)
+    }
+
+    fn slot(&self, slot: u32) -> Result<Slot, MemoryError> {
+        self.slots
             .iter()
             .find(|s| s.id == slot)
-            .ok_or(MemoryError::NoSlot(slot))?;
-        let range = clear_range(&s, first, count)?;
+            .copied()
+            .ok_or(MemoryError::NoSlot(slot))
+    }
+
+    /// KVM_CLEAR_DIRTY_LOG of `range` (from [`clear_range`]) with `bitmap`.
+    fn clear_bits(
+        &self,
+        slot: u32,
+        range: (u64, u64),
+        bitmap: &mut [u64],
+    ) -> Result<(), MemoryError> {
+        let log = *devices::bus::lock(&self.log);
         if !log.on || !log.manual || range.1 == 0 {
             return Ok(());
         }
-        let mut bitmap = vec![u64::MAX; (range.1 as usize).div_ceil(64)];
         let mut arg = kvm_clear_dirty_log {
             slot,
             num_pages: range.1 as u32,

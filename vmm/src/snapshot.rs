@@ -155,17 +155,7 @@ fn write_file(tmp: &Path, state: &VmState, mem: &GuestMemoryMmap) -> Result<Writ
     let start = Instant::now();
     let file = File::create(tmp)?;
     let mut w = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, file))?;
-    w.write_state(section::MANIFEST, &state.manifest)?;
-    w.write_state(section::VM, &VmWideState::from_kvm(&state.vm))?;
-    for (i, v) in state.vcpus.iter().enumerate() {
-        let id = i as u32;
-        w.write_state(&section::vcpu(id), &VcpuState::from_kvm(id, v))?;
-    }
-    let serial = DeviceState::Serial(SerialState::from(&state.serial));
-    w.write_state(&section::device(SERIAL_ID), &serial)?;
-    for (id, dev) in &state.devices {
-        w.write_state(&section::device(id), dev)?;
-    }
+    write_states(&mut w, state)?;
     let stats = migration::memory::write_memory_from(&mut w, section::MEMORY, &GuestPages(mem))?;
     let out = w.finish()?;
     let file = out.into_inner().map_err(|e| e.into_error())?;
@@ -177,6 +167,33 @@ fn write_file(tmp: &Path, state: &VmState, mem: &GuestMemoryMmap) -> Result<Writ
         write_ms,
         sync_ms: ms_since(synced),
     })
+}
+
+/// The state sections of a snapshot: manifest, VM, each vCPU, the serial
+/// port and each virtio device.
+fn write_states<W: io::Write>(w: &mut SnapshotWriter<W>, state: &VmState) -> Result<(), SaveError> {
+    w.write_state(section::MANIFEST, &state.manifest)?;
+    w.write_state(section::VM, &VmWideState::from_kvm(&state.vm))?;
+    for (i, v) in state.vcpus.iter().enumerate() {
+        let id = i as u32;
+        w.write_state(&section::vcpu(id), &VcpuState::from_kvm(id, v))?;
+    }
+    let serial = DeviceState::Serial(SerialState::from(&state.serial));
+    w.write_state(&section::device(SERIAL_ID), &serial)?;
+    for (id, dev) in &state.devices {
+        w.write_state(&section::device(id), dev)?;
+    }
+    Ok(())
+}
+
+/// `state` as a snapshot image in memory whose memory section is empty:
+/// what a migration's `State` message carries (its memory went before).
+pub fn state_image(state: &VmState) -> Result<Vec<u8>, SaveError> {
+    let mut w = SnapshotWriter::new(Vec::new())?;
+    write_states(&mut w, state)?;
+    let none: &[(u64, &[u8])] = &[];
+    migration::memory::write_memory_from(&mut w, section::MEMORY, none)?;
+    Ok(w.finish()?)
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -239,6 +256,19 @@ pub fn load_image<R: Read + Seek>(image: R, shown: &str) -> Result<Restore<R>, S
     let saved: Manifest = l.state(section::MANIFEST)?;
     let requested = saved.clone();
     l.finish(saved, &requested)
+}
+
+/// Verifies a whole snapshot image read from `image` (named `shown` in
+/// errors) as a state for the VM that `current` describes (a migration's
+/// destination, which was built from its own options).
+pub fn load_image_for<R: Read + Seek>(
+    image: R,
+    shown: &str,
+    current: &Manifest,
+) -> Result<Restore<R>, SnapshotError> {
+    let mut l = Loader::from_reader(image, shown.to_string())?;
+    let saved: Manifest = l.state(section::MANIFEST)?;
+    l.finish(saved, current)
 }
 
 /// A verified snapshot, read section by section by [`load`].

@@ -71,6 +71,10 @@ pub enum VmOpError {
     DirtyLogOff,
     #[error("cannot encode the answer: {0}")]
     Encode(#[source] serde_json::Error),
+    #[error("migration: {0}")]
+    Migration(String),
+    #[error("a migration is under way (migrate-cancel first)")]
+    Migrating,
 }
 
 /// Whether the VM is paused, and what its pause saved.

@@ -156,6 +156,18 @@ pub struct RunArgs {
     /// what differs.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline"])]
     pub restore: Option<PathBuf>,
+    /// Wait for a live migration on ADDR (`tcp:HOST:PORT` or `unix:PATH`;
+    /// the source runs `tandem ctl migrate ADDR`) instead of booting, and
+    /// then run the guest it sends with its console here. Give --mem,
+    /// --cpus and the devices as the source has them (taps and disk paths
+    /// may differ): the source's VM is checked against them before any
+    /// memory moves, and anything else is refused, naming each difference.
+    /// A bad, broken or refused stream ends tandem with one line and
+    /// status 1; nothing of the guest ran here.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore"],
+          value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
+    #[serde(skip)]
+    pub incoming: Option<crate::migrate::Endpoint>,
     /// Profile the guest from start to end into FILE: each vCPU's
     /// instruction pointer is sampled --guest-profile-hz times a second
     /// (the vCPU is kicked out of KVM_RUN and its registers read), with the
@@ -252,6 +264,7 @@ impl RunArgs {
             api_sock: self.api_sock.or(file.api_sock),
             cpus: self.cpus.or(file.cpus),
             restore: self.restore.or(file.restore),
+            incoming: self.incoming,
             guest_profile: self.guest_profile.or(file.guest_profile),
             guest_profile_hz: self.guest_profile_hz.or(file.guest_profile_hz),
             guest_symbols: self.guest_symbols.or(file.guest_symbols),

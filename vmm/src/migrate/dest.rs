@@ -1,0 +1,155 @@
+//! The incoming side of a migration (`tandem run --incoming ADDR`):
+//! receives a guest into a VM that was built paused and has never run, and
+//! runs it once the source hands it over.
+//!
+//! Runs on its own thread ("incoming"), started before the VMM thread's
+//! loop. It checks the source's manifest against this VM's before any
+//! memory moves, each memory batch against this VM's layout before it is
+//! written, and the final state with the snapshot loader's checks before it
+//! is applied. Any failure ends the process with one line and status 1
+//! (nothing of the guest ran here). Never does: run the guest before `Go`,
+//! or write or allocate beyond the memory this VM was started with.
+
+use std::io::{Cursor, Read, Write};
+use std::time::Duration;
+
+use migration::protocol::{self, Command, Message};
+use vm_memory::{Bytes, GuestAddress};
+
+use devices::GuestMemoryMmap;
+use migration::Manifest;
+
+use super::endpoint::{Endpoint, Listener};
+use super::MigrateError;
+use crate::boot::layout;
+use crate::exit::VmExit;
+use crate::vm::VmHandle;
+use crate::vm_state::VmState;
+
+/// How long the destination waits for the next message once the source
+/// is connected.
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Binds `from` (so a bad address is a start-up error) and returns what
+/// [`spawn`] waits on.
+pub fn listen(from: &Endpoint) -> Result<Listener, MigrateError> {
+    from.listen()
+        .map_err(|e| MigrateError::Listen(from.to_string(), e))
+}
+
+/// Starts the incoming thread: it accepts one source on `listener`,
+/// receives the guest into `vm` and resumes it, or ends the VM with
+/// [`VmExit::IncomingFailed`].
+pub fn spawn(vm: VmHandle, listener: Listener, from: Endpoint) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("incoming".into())
+        .spawn(move || {
+            eprintln!("tandem: waiting for a migration on {from}");
+            match receive(&vm, &listener) {
+                Ok(pages) => {
+                    log::info!(
+                        "migration from {from}: {pages} pages received; the guest runs here"
+                    );
+                }
+                Err(e) => vm
+                    .exit()
+                    .signal(VmExit::IncomingFailed(format!("incoming migration: {e}"))),
+            }
+        })
+        .map(drop)
+}
+
+/// The whole receive, up to the guest running here; returns the pages
+/// written.
+fn receive(vm: &VmHandle, listener: &Listener) -> Result<u64, MigrateError> {
+    let mut conn = listener.accept().map_err(MigrateError::Stream)?;
+    conn.set_timeouts(IO_TIMEOUT)
+        .map_err(MigrateError::Stream)?;
+    let (state, pages) = receive_guest(&mut conn, vm.manifest(), vm.memory())?;
+    if let Err(e) = vm.apply_state(&state) {
+        return Err(refuse(&mut conn, e.to_string()));
+    }
+    protocol::write_message(&mut conn, &Message::Ready)?;
+    protocol::expect(&mut conn, Command::Go)?;
+    vm.resume()?;
+    Ok(pages)
+}
+
+/// The part of a receive that needs no KVM (what the fuzz target runs):
+/// the handshake, the source's manifest checked against `ours`, every
+/// memory batch checked against our layout and written into `mem`, and
+/// the final state image checked as a snapshot restore checks it. Returns
+/// the state to apply and the pages written.
+pub fn receive_guest<S: Read + Write>(
+    conn: &mut S,
+    ours: &Manifest,
+    mem: &GuestMemoryMmap,
+) -> Result<(VmState, u64), MigrateError> {
+    let hello = protocol::read_message(conn)
+        .map_err(|e| MigrateError::Refused(format!("not a tandem migration stream ({e})")))?;
+    protocol::check_hello(&hello)?;
+    let Message::Config(theirs) = protocol::expect(conn, Command::Config)? else {
+        return Err(MigrateError::Refused("no Config".into()));
+    };
+    if let Err(e) = migration::check_compatible(&theirs, ours) {
+        return Err(refuse(conn, format!("{e}")));
+    }
+    protocol::write_message(conn, &Message::Accept)?;
+    let layout = layout::ram_ranges(ours.mem_bytes);
+    let mut pages = 0u64;
+    let image = loop {
+        match protocol::read_message(conn)? {
+            Message::Memory(batch) => {
+                batch.check(&layout)?;
+                pages += write_batch(mem, &batch)?;
+            }
+            Message::State(image) => break image,
+            Message::Abandon(why) => return Err(protocol::ProtocolError::Abandoned(why).into()),
+            other => {
+                return Err(protocol::ProtocolError::Unexpected {
+                    expected: "Memory or State",
+                    got: other.command().name(),
+                }
+                .into())
+            }
+        }
+    };
+    let checked = crate::snapshot::load_image_for(Cursor::new(image), "the migration stream", ours);
+    match checked {
+        Ok(r) => Ok((r.state, pages)),
+        Err(e) => Err(refuse(conn, e.to_string())),
+    }
+}
+
+/// Tells the source why, and returns the error for this side.
+fn refuse<S: Write>(conn: &mut S, why: String) -> MigrateError {
+    let _ = protocol::write_message(conn, &Message::Abandon(why.clone()));
+    MigrateError::Refused(why)
+}
+
+/// Writes one checked batch into guest memory; a zero range is written
+/// only where memory is not zero already (a never-touched page stays
+/// unbacked).
+fn write_batch(mem: &GuestMemoryMmap, batch: &protocol::MemoryBatch) -> Result<u64, MigrateError> {
+    let mut page = vec![0u8; protocol::PAGE_SIZE as usize];
+    let zero = vec![0u8; protocol::PAGE_SIZE as usize];
+    for (r, data) in batch.iter() {
+        match data {
+            Some(bytes) => mem
+                .write_slice(bytes, GuestAddress(r.gpa))
+                .map_err(|e| MigrateError::Write(r.gpa, e))?,
+            None => {
+                for i in 0..u64::from(r.pages) {
+                    let gpa = GuestAddress(r.gpa + i * protocol::PAGE_SIZE);
+                    mem.read_slice(&mut page, gpa)
+                        .map_err(|e| MigrateError::Read(gpa.0, e))?;
+                    if !migration::memory::is_zero(&page) {
+                        mem.write_slice(&zero, gpa)
+                            .map_err(|e| MigrateError::Write(gpa.0, e))?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(batch.pages())
+}

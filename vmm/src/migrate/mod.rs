@@ -1,0 +1,52 @@
+//! Live migration, the vmm's side: the migration thread that sends a
+//! running VM ([`source`]), the incoming side that receives one into a VM
+//! built paused ([`dest`]), the pages on the stream ([`pages`]), the
+//! addresses ([`endpoint`]) and the progress and report ([`status`]).
+//!
+//! The wire protocol itself (messages, framing, checks) is
+//! `migration::protocol`; the state the stream carries is the snapshot's
+//! (`snapshot::state_image`, checked by the same loader as a restore).
+
+pub mod client;
+pub mod dest;
+pub mod endpoint;
+pub mod pages;
+pub mod source;
+pub mod status;
+
+pub use endpoint::Endpoint;
+pub use source::Migration;
+pub use status::{Params, Phase, Status};
+
+use migration::protocol::ProtocolError;
+
+/// Why a migration failed (on either side).
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, #[source] std::io::Error),
+    #[error("cannot listen on {0}: {1}")]
+    Listen(String, #[source] std::io::Error),
+    #[error("migration stream: {0}")]
+    Stream(#[source] std::io::Error),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
+    #[error("reading guest memory at {0:#x}: {1}")]
+    Read(u64, #[source] vm_memory::GuestMemoryError),
+    #[error("writing guest memory at {0:#x}: {1}")]
+    Write(u64, #[source] vm_memory::GuestMemoryError),
+    #[error(transparent)]
+    Vm(#[from] crate::vm::VmOpError),
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
+    #[error("encoding the VM's state: {0}")]
+    Encode(#[from] crate::snapshot::SaveError),
+    #[error("the destination refuses this guest: {0}")]
+    Refused(String),
+    #[error("cancelled")]
+    Cancelled,
+    #[error("not done after {0} s (--timeout-s)")]
+    Timeout(u64),
+}

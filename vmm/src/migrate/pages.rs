@@ -1,0 +1,232 @@
+//! Guest pages onto the migration stream: all of RAM (round 0) or the
+//! pages of a dirty bitmap, in batches, zero pages as markers, within the
+//! bandwidth cap.
+//!
+//! Runs on the migration thread. Reads guest memory through vm-memory's
+//! accessors (`read_slice`: a volatile copy), never as `&[u8]` over the
+//! running guest's RAM. Never does: take a lock a vCPU or the device thread
+//! takes, or clear a page in KVM's log that it is not about to send.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use migration::protocol::{self, MemoryBatch, Message, PageRange, BATCH_PAGES, BATCH_RANGES};
+use vm_memory::{Bytes, GuestAddress};
+
+use super::endpoint::Conn;
+use super::status::Params;
+use super::MigrateError;
+use crate::memory::{DirtyBitmap, GuestRam};
+
+const PAGE: usize = protocol::PAGE_SIZE as usize;
+/// Bitmap words handled per KVM_CLEAR_DIRTY_LOG (256 pages).
+const SPAN_WORDS: usize = 4;
+
+/// When to give up sending: a cancel, or the migration's time limit.
+pub struct Stop<'a> {
+    pub cancel: &'a AtomicBool,
+    /// Told what has been sent after each batch (the progress shown).
+    pub progress: &'a dyn Fn(&Sent),
+    /// The time limit and its value in seconds (for the message); `None`
+    /// for the stop-and-copy, which is never cut short.
+    pub until: Option<(Instant, u64)>,
+}
+
+impl Stop<'_> {
+    pub fn check(&self) -> Result<(), MigrateError> {
+        if self.until.is_none() {
+            return Ok(());
+        }
+        if self.cancel.load(Ordering::SeqCst) {
+            return Err(MigrateError::Cancelled);
+        }
+        match self.until {
+            Some((t, secs)) if Instant::now() >= t => Err(MigrateError::Timeout(secs)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What has been sent so far, and when it started (for the rate and cap).
+#[derive(Debug, Default)]
+pub struct Sent {
+    bytes: u64,
+    pages: u64,
+    zero: u64,
+    first: Option<Instant>,
+}
+
+impl Sent {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+    pub fn zero_pages(&self) -> u64 {
+        self.zero
+    }
+
+    /// Bytes per second since the first batch (or since `fallback`).
+    pub fn rate(&self, fallback: Instant) -> f64 {
+        let secs = self.first.unwrap_or(fallback).elapsed().as_secs_f64();
+        if secs > 0.0 {
+            self.bytes as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    /// Sleeps as long as sending has run ahead of the cap.
+    fn pace(&self, params: &Params) {
+        let (Some(cap), Some(first)) = (params.bandwidth_mib, self.first) else {
+            return;
+        };
+        let due = self.bytes as f64 / (cap as f64 * f64::from(1 << 20));
+        let ahead = due - first.elapsed().as_secs_f64();
+        if ahead > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(ahead.min(1.0)));
+        }
+    }
+}
+
+/// A batch being filled, then written out.
+struct Batcher<'a> {
+    conn: &'a mut Conn,
+    progress: &'a dyn Fn(&Sent),
+    params: &'a Params,
+    sent: &'a mut Sent,
+    batch: MemoryBatch,
+    data_pages: usize,
+}
+
+impl Batcher<'_> {
+    fn page(&mut self, gpa: u64, bytes: &[u8]) -> Result<(), MigrateError> {
+        let zero = migration::memory::is_zero(bytes);
+        match self.batch.ranges.last_mut() {
+            Some(r)
+                if r.zero == zero
+                    && r.gpa + u64::from(r.pages) * protocol::PAGE_SIZE == gpa
+                    && r.pages < u32::MAX =>
+            {
+                r.pages += 1
+            }
+            _ => self.batch.ranges.push(PageRange {
+                gpa,
+                pages: 1,
+                zero,
+            }),
+        }
+        if zero {
+            self.sent.zero += 1;
+        } else {
+            self.batch.data.extend_from_slice(bytes);
+            self.data_pages += 1;
+        }
+        self.sent.pages += 1;
+        if self.data_pages >= BATCH_PAGES || self.batch.ranges.len() >= BATCH_RANGES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), MigrateError> {
+        if self.batch.ranges.is_empty() {
+            return Ok(());
+        }
+        self.sent.first.get_or_insert_with(Instant::now);
+        let batch = std::mem::take(&mut self.batch);
+        let bytes = 4 + 13 * batch.ranges.len() + batch.data.len();
+        protocol::write_message(self.conn, &Message::Memory(batch))?;
+        self.sent.bytes += bytes as u64;
+        self.data_pages = 0;
+        (self.progress)(self.sent);
+        self.sent.pace(self.params);
+        Ok(())
+    }
+}
+
+fn batcher<'a>(
+    conn: &'a mut Conn,
+    params: &'a Params,
+    sent: &'a mut Sent,
+    stop: &'a Stop,
+) -> Batcher<'a> {
+    Batcher {
+        conn,
+        progress: stop.progress,
+        params,
+        sent,
+        batch: MemoryBatch::default(),
+        data_pages: 0,
+    }
+}
+
+/// Sends every page of guest RAM (round 0; the dirty log is already on).
+pub fn send_all(
+    ram: &GuestRam,
+    conn: &mut Conn,
+    params: &Params,
+    sent: &mut Sent,
+    stop: &Stop,
+) -> Result<(), MigrateError> {
+    let mut b = batcher(conn, params, sent, stop);
+    let mut buf = vec![0u8; PAGE * BATCH_PAGES];
+    for s in ram.slots() {
+        let mut off = 0u64;
+        while off < s.bytes {
+            stop.check()?;
+            let n = (s.bytes - off).min(buf.len() as u64) as usize;
+            let chunk = &mut buf[..n];
+            ram.mem()
+                .read_slice(chunk, GuestAddress(s.gpa + off))
+                .map_err(|e| MigrateError::Read(s.gpa + off, e))?;
+            for (i, page) in chunk.chunks_exact(PAGE).enumerate() {
+                b.page(s.gpa + off + (i * PAGE) as u64, page)?;
+            }
+            off += n as u64;
+        }
+    }
+    b.flush()
+}
+
+/// Sends the pages of `dirty`, clearing each span's pages in KVM's log
+/// just before they are copied.
+pub fn send_dirty(
+    ram: &GuestRam,
+    conn: &mut Conn,
+    dirty: &[DirtyBitmap],
+    params: &Params,
+    sent: &mut Sent,
+    stop: &Stop,
+) -> Result<(), MigrateError> {
+    let mut b = batcher(conn, params, sent, stop);
+    let mut page = vec![0u8; PAGE];
+    for d in dirty {
+        for (span, words) in d.bits.chunks(SPAN_WORDS).enumerate() {
+            if words.iter().all(|&w| w == 0) {
+                continue;
+            }
+            stop.check()?;
+            let first = (span * SPAN_WORDS * 64) as u64;
+            ram.clear_dirty_mask(d.slot, first, words)?;
+            for (w, &word) in words.iter().enumerate() {
+                let mut bits = word;
+                while bits != 0 {
+                    let bit = u64::from(bits.trailing_zeros());
+                    bits &= bits - 1;
+                    let index = first + w as u64 * 64 + bit;
+                    if index >= d.pages {
+                        continue;
+                    }
+                    let gpa = d.gpa + index * protocol::PAGE_SIZE;
+                    ram.mem()
+                        .read_slice(&mut page, GuestAddress(gpa))
+                        .map_err(|e| MigrateError::Read(gpa, e))?;
+                    b.page(gpa, &page)?;
+                }
+            }
+        }
+    }
+    b.flush()
+}

@@ -1,0 +1,357 @@
+//! The migration thread: sends a running VM to a destination (pre-copy
+//! rounds, then stop-and-copy) and reports how it went.
+//!
+//! Runs on its own thread, started by the `migrate` API verb, one at a time.
+//! It owns the *migration dirty bitmap*: each round it harvests KVM's dirty
+//! log OR the pages device emulation wrote into its own copy, and clears
+//! exactly those pages in KVM's log (`KVM_CLEAR_DIRTY_LOG`) just before it
+//! copies them. During the pre-copy rounds it takes no lock a vCPU or the
+//! device thread takes and never waits on them: guest memory is read through
+//! vm-memory's accessors while the guest runs. Only the final stop-and-copy
+//! pauses the VM. It reports through [`Status`] (read by `migrate-status`)
+//! and, once the guest is the destination's, ends the VM through its exit
+//! signal, which wakes the VMM thread's loop.
+//!
+//! Never does: resume the guest after `Go` was sent (exactly one side runs
+//! it), or leave dirty logging or a throttle on after a failure.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use migration::protocol::{self, Command, Message};
+
+use super::endpoint::{Conn, Endpoint};
+use super::pages::{self, Sent, Stop};
+use super::status::{Params, Phase, Status};
+use super::MigrateError;
+use crate::exit::VmExit;
+use crate::vm::VmHandle;
+
+/// Pre-copy rounds at most before the stop-and-copy is forced on by the
+/// timeout alone (a bound on the loop, not a convergence rule).
+const MAX_ROUNDS: u32 = 1000;
+/// Auto-converge: first throttle, step, and ceiling (QEMU's defaults).
+const THROTTLE_FIRST: u8 = 20;
+const THROTTLE_STEP: u8 = 10;
+const THROTTLE_MAX: u8 = 99;
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a completed migration waits for its report to be read.
+const COLLECT_WAIT: Duration = Duration::from_secs(2);
+
+/// A migration under way (or ended): its status and how to cancel it.
+pub struct Migration {
+    status: Arc<Mutex<Status>>,
+    cancel: Arc<AtomicBool>,
+    /// Set once a completed status has been read (by `migrate-status`):
+    /// the source VMM exits only then, or after [`COLLECT_WAIT`].
+    collected: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Migration {
+    /// Starts the migration thread for `vm` to `to`.
+    pub fn start(vm: VmHandle, to: Endpoint, params: Params) -> std::io::Result<Migration> {
+        let status = Arc::new(Mutex::new(Status::new(&to, &params)));
+        let cancel = Arc::new(AtomicBool::new(false));
+        let collected = Arc::new(AtomicBool::new(false));
+        let (st, c, got) = (status.clone(), cancel.clone(), collected.clone());
+        let thread = std::thread::Builder::new()
+            .name("migration".into())
+            .spawn(move || {
+                migrate(&vm, &to, &params, &st, &c);
+                let done = devices::bus::lock(&st).phase == Phase::Completed;
+                if done {
+                    // Let a follower read the report before this VMM ends.
+                    let t = Instant::now();
+                    while !got.load(Ordering::SeqCst) && t.elapsed() < COLLECT_WAIT {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    vm.exit().signal(VmExit::Migrated(to.to_string()));
+                }
+            })?;
+        Ok(Migration {
+            status,
+            cancel,
+            collected,
+            thread: Some(thread),
+        })
+    }
+
+    /// Where it is.
+    pub fn status(&self) -> Status {
+        let s = devices::bus::lock(&self.status).clone();
+        if s.phase == Phase::Completed {
+            self.collected.store(true, Ordering::SeqCst);
+        }
+        s
+    }
+
+    /// Whether the thread is still at work.
+    pub fn active(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Asks the thread to give up (before `Go`; after it, too late).
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Migration {
+    fn drop(&mut self) {
+        self.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The thread's body: runs the migration and records its end.
+fn migrate(
+    vm: &VmHandle,
+    to: &Endpoint,
+    params: &Params,
+    status: &Mutex<Status>,
+    cancel: &AtomicBool,
+) {
+    let started = Instant::now();
+    let mut run = Run {
+        vm,
+        params,
+        status,
+        cancel,
+        started,
+        sent: Sent::default(),
+        throttle: 0,
+        paused_at: None,
+    };
+    match run.go(to) {
+        Ok(()) => {
+            let downtime = run.paused_at.map(|t| t.elapsed());
+            run.update(|s| {
+                s.total_ms = started.elapsed().as_secs_f64() * 1000.0;
+                s.phase = Phase::Completed;
+                s.downtime_ms = downtime.map(|d| d.as_secs_f64() * 1000.0);
+            });
+            log::info!("migration to {to} completed; the guest runs there");
+        }
+        Err(e) => {
+            let cancelled = matches!(e, MigrateError::Cancelled);
+            log::error!("migration to {to} failed: {e}; the guest runs here");
+            let back = run.roll_back();
+            run.update(|s| {
+                s.total_ms = started.elapsed().as_secs_f64() * 1000.0;
+                s.phase = if cancelled {
+                    Phase::Cancelled
+                } else {
+                    Phase::Failed
+                };
+                s.error = Some(match back {
+                    Ok(()) => e.to_string(),
+                    Err(b) => format!("{e}; then: {b}"),
+                });
+            });
+        }
+    }
+}
+
+struct Run<'a> {
+    vm: &'a VmHandle,
+    params: &'a Params,
+    status: &'a Mutex<Status>,
+    cancel: &'a AtomicBool,
+    started: Instant,
+    sent: Sent,
+    throttle: u8,
+    /// When the stop-and-copy paused the VM.
+    paused_at: Option<Instant>,
+}
+
+impl Run<'_> {
+    fn update(&self, f: impl FnOnce(&mut Status)) {
+        f(&mut devices::bus::lock(self.status));
+    }
+
+    fn check_going(&self) -> Result<(), MigrateError> {
+        pre_copy_stop(self.cancel, self.started, self.params, &|_| {}).check()
+    }
+
+    /// The whole migration, up to and including `Go`.
+    fn go(&mut self, to: &Endpoint) -> Result<(), MigrateError> {
+        let mut conn = to
+            .connect(IO_TIMEOUT)
+            .map_err(|e| MigrateError::Connect(to.to_string(), e))?;
+        conn.set_timeouts(IO_TIMEOUT)
+            .map_err(MigrateError::Stream)?;
+        protocol::write_message(
+            &mut conn,
+            &Message::Hello {
+                version: protocol::VERSION,
+            },
+        )?;
+        protocol::write_message(&mut conn, &Message::Config(self.vm.manifest().clone()))?;
+        protocol::expect(&mut conn, Command::Accept)?;
+        self.update(|s| {
+            s.setup_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+            s.phase = Phase::PreCopy;
+        });
+        let ram = self.vm.ram();
+        ram.start_dirty_log()?;
+        let progress = progress_to(self.status);
+        let stop = pre_copy_stop(self.cancel, self.started, self.params, &progress);
+        pages::send_all(ram, &mut conn, self.params, &mut self.sent, &stop)?;
+        self.round_done(0);
+        let pending = self.precopy(&mut conn)?;
+        self.stop_and_copy(&mut conn, pending)?;
+        protocol::write_message(&mut conn, &Message::Go)?;
+        Ok(())
+    }
+
+    /// Rounds while the last dirty set would take longer than the downtime
+    /// budget to send; returns the set left for the stop-and-copy.
+    fn precopy(
+        &mut self,
+        conn: &mut Conn,
+    ) -> Result<Vec<crate::memory::DirtyBitmap>, MigrateError> {
+        let ram = self.vm.ram();
+        let mut round = 1;
+        loop {
+            self.check_going()?;
+            let round_start = Instant::now();
+            let dirty = ram.dirty_pages()?;
+            let bytes: u64 = dirty.iter().map(|d| d.count()).sum::<u64>() * protocol::PAGE_SIZE;
+            let rate = self.sent.rate(self.started);
+            let estimate_ms = if rate > 0.0 {
+                bytes as f64 / rate * 1000.0
+            } else {
+                f64::INFINITY
+            };
+            self.update(|s| {
+                s.remaining_bytes = bytes;
+                s.expected_downtime_ms = estimate_ms;
+            });
+            if estimate_ms <= self.params.downtime_ms as f64 || round >= MAX_ROUNDS {
+                return Ok(dirty);
+            }
+            let before = self.sent.bytes();
+            let progress = progress_to(self.status);
+            let stop = pre_copy_stop(self.cancel, self.started, self.params, &progress);
+            pages::send_dirty(ram, conn, &dirty, self.params, &mut self.sent, &stop)?;
+            let secs = round_start.elapsed().as_secs_f64().max(1e-3);
+            let sent_rate = (self.sent.bytes() - before) as f64 / secs;
+            self.converge(bytes as f64 / secs, sent_rate)?;
+            self.round_done(round);
+            round += 1;
+        }
+    }
+
+    /// Auto-converge: one more throttle step when the guest dirtied more
+    /// than half of what the round could send.
+    fn converge(&mut self, dirty_rate: f64, sent_rate: f64) -> Result<(), MigrateError> {
+        self.update(|s| s.dirty_rate_mib = dirty_rate / f64::from(1 << 20));
+        if !self.params.auto_converge || dirty_rate <= sent_rate * 0.5 {
+            return Ok(());
+        }
+        self.throttle = match self.throttle {
+            0 => THROTTLE_FIRST,
+            t => t.saturating_add(THROTTLE_STEP).min(THROTTLE_MAX),
+        };
+        self.vm.throttle(self.throttle)?;
+        let t = self.throttle;
+        self.update(|s| s.throttle = t);
+        Ok(())
+    }
+
+    fn round_done(&self, round: u32) {
+        let (pages, bytes, zero) = (self.sent.pages(), self.sent.bytes(), self.sent.zero_pages());
+        let rate = self.sent.rate(self.started) / f64::from(1 << 20);
+        self.update(|s| {
+            s.round = round;
+            s.rounds.push(pages - s.rounds.iter().sum::<u64>());
+            s.sent_bytes = bytes;
+            s.pages = pages;
+            s.zero_pages = zero;
+            s.send_rate_mib = rate;
+        });
+    }
+
+    /// Pauses the VM, sends the last dirty pages and the state, and waits
+    /// for the destination to say it holds the guest.
+    fn stop_and_copy(
+        &mut self,
+        conn: &mut Conn,
+        pending: Vec<crate::memory::DirtyBitmap>,
+    ) -> Result<(), MigrateError> {
+        self.check_going()?;
+        self.update(|s| s.phase = Phase::StopAndCopy);
+        // A VM the user had paused stays as it is (and is not resumed on
+        // failure).
+        if !self.vm.is_paused() {
+            self.paused_at = Some(Instant::now());
+            self.vm.pause()?;
+        }
+        let ram = self.vm.ram();
+        let mut last = ram.dirty_pages()?;
+        for (l, p) in last.iter_mut().zip(&pending) {
+            crate::memory::or_into(&mut l.bits, &p.bits);
+        }
+        let progress = progress_to(self.status);
+        let never = Stop {
+            cancel: self.cancel,
+            progress: &progress,
+            until: None,
+        };
+        pages::send_dirty(ram, conn, &last, self.params, &mut self.sent, &never)?;
+        let state = self.vm.capture_state()?;
+        let image = crate::snapshot::state_image(&state)?;
+        protocol::write_message(conn, &Message::State(image))?;
+        protocol::expect(conn, Command::Ready)?;
+        let round = devices::bus::lock(self.status).round + 1;
+        self.round_done(round);
+        Ok(())
+    }
+
+    /// After a failure: the guest runs here again, as before.
+    fn roll_back(&mut self) -> Result<(), MigrateError> {
+        let ram = self.vm.ram();
+        let log = ram.stop_dirty_log();
+        let throttle = if self.throttle > 0 {
+            self.vm.throttle(0)
+        } else {
+            Ok(())
+        };
+        if self.paused_at.is_some() && self.vm.is_paused() {
+            self.vm.resume()?;
+        }
+        log?;
+        throttle?;
+        Ok(())
+    }
+}
+
+/// Cancel and time limit, for the pre-copy.
+fn pre_copy_stop<'a>(
+    cancel: &'a AtomicBool,
+    started: Instant,
+    params: &Params,
+    progress: &'a dyn Fn(&Sent),
+) -> Stop<'a> {
+    let limit = Duration::from_secs(params.timeout_s);
+    Stop {
+        cancel,
+        progress,
+        until: Some((started + limit, params.timeout_s)),
+    }
+}
+
+/// What has been sent, into the status (after each batch).
+fn progress_to(status: &Mutex<Status>) -> impl Fn(&Sent) + '_ {
+    move |sent: &Sent| {
+        let mut s = devices::bus::lock(status);
+        s.sent_bytes = sent.bytes();
+        s.pages = sent.pages();
+        s.zero_pages = sent.zero_pages();
+    }
+}

@@ -1,0 +1,151 @@
+//! A migration's settings and where it is: what `migrate-status` answers
+//! and the end report prints.
+//!
+//! Written by the migration thread, read by the VMM thread under one short
+//! lock. Pure data.
+
+use serde::{Deserialize, Serialize};
+
+use super::endpoint::Endpoint;
+
+/// Default downtime budget, ms.
+pub const DEFAULT_DOWNTIME_MS: u64 = 300;
+/// Default time limit, s.
+pub const DEFAULT_TIMEOUT_S: u64 = 600;
+
+fn default_downtime() -> u64 {
+    DEFAULT_DOWNTIME_MS
+}
+fn default_timeout() -> u64 {
+    DEFAULT_TIMEOUT_S
+}
+fn default_true() -> bool {
+    true
+}
+
+/// How to migrate (the `migrate` verb's fields but the address).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// The longest the guest may stay paused at the switch-over, ms.
+    #[serde(default = "default_downtime")]
+    pub downtime_ms: u64,
+    /// Send at most this many MiB/s (none: as fast as the stream goes).
+    #[serde(default)]
+    pub bandwidth_mib: Option<u64>,
+    /// Throttle the vCPUs step by step when the guest dirties memory faster
+    /// than it is sent.
+    #[serde(default = "default_true")]
+    pub auto_converge: bool,
+    /// Give up (the guest runs on here) after this many seconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: u64,
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            downtime_ms: DEFAULT_DOWNTIME_MS,
+            bandwidth_mib: None,
+            auto_converge: true,
+            timeout_s: DEFAULT_TIMEOUT_S,
+        }
+    }
+}
+
+impl Params {
+    /// Checks the values a user gave.
+    pub fn check(&self) -> Result<(), String> {
+        if self.downtime_ms == 0 {
+            return Err("downtime_ms must be at least 1".into());
+        }
+        if self.bandwidth_mib == Some(0) {
+            return Err("bandwidth_mib must be at least 1".into());
+        }
+        if self.timeout_s == 0 {
+            return Err("timeout_s must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Where a migration is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    Setup,
+    PreCopy,
+    StopAndCopy,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl Phase {
+    /// Whether the migration has ended.
+    pub fn ended(self) -> bool {
+        matches!(self, Phase::Completed | Phase::Failed | Phase::Cancelled)
+    }
+}
+
+/// A migration's progress, and at its end its report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub to: String,
+    pub phase: Phase,
+    pub params: Params,
+    /// The round under way (0: all of memory).
+    pub round: u32,
+    /// Pages sent in each finished round, the stop-and-copy last.
+    pub rounds: Vec<u64>,
+    /// Dirty bytes at the last look.
+    pub remaining_bytes: u64,
+    /// The last estimate of the stop-and-copy's time, ms.
+    pub expected_downtime_ms: f64,
+    /// Bytes written to the stream (memory batches).
+    pub sent_bytes: u64,
+    /// Pages sent, data and zero.
+    pub pages: u64,
+    /// Of those, zero pages (sent as markers).
+    pub zero_pages: u64,
+    pub send_rate_mib: f64,
+    pub dirty_rate_mib: f64,
+    /// The vCPU throttle reached, percent.
+    pub throttle: u8,
+    /// Connect and handshake, ms.
+    pub setup_ms: f64,
+    /// Source paused to the destination holding the guest, ms.
+    pub downtime_ms: Option<f64>,
+    pub total_ms: f64,
+    pub error: Option<String>,
+}
+
+impl Status {
+    pub fn new(to: &Endpoint, params: &Params) -> Status {
+        Status {
+            to: to.to_string(),
+            phase: Phase::Setup,
+            params: params.clone(),
+            round: 0,
+            rounds: Vec::new(),
+            remaining_bytes: 0,
+            expected_downtime_ms: 0.0,
+            sent_bytes: 0,
+            pages: 0,
+            zero_pages: 0,
+            send_rate_mib: 0.0,
+            dirty_rate_mib: 0.0,
+            throttle: 0,
+            setup_ms: 0.0,
+            downtime_ms: None,
+            total_ms: 0.0,
+            error: None,
+        }
+    }
+
+    /// Whether the downtime seen went over the budget.
+    pub fn over_budget(&self) -> bool {
+        self.downtime_ms
+            .is_some_and(|d| d > self.params.downtime_ms as f64)
+    }
+}
