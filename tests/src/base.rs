@@ -344,12 +344,18 @@ impl TestVm {
     /// a restore may change: `"tap1,sndbuf=64K"`. Returns once the restored
     /// shell answers.
     pub fn restore_base(ns: &NetNs, taps: [&str; 2], extra: &[&str]) -> TestVm {
+        let copy = disk_copy();
+        let mut vm = Self::restore_base_on(ns, taps, &copy, extra);
+        vm.remove_on_drop(copy);
+        vm
+    }
+
+    /// [`TestVm::restore_base`] on the disk image `copy` (a [`disk_copy`]),
+    /// which the caller keeps and removes.
+    pub fn restore_base_on(ns: &NetNs, taps: [&str; 2], copy: &Path, extra: &[&str]) -> TestVm {
         let b = base();
-        let copy = scratch("disk");
-        std::fs::copy(&b.disk, &copy)
-            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", b.disk.display(), copy.display()));
         let nets = [net_arg(0, taps[0]), net_arg(1, taps[1])];
-        let disk = disk_arg(&copy);
+        let disk = disk_arg(copy);
         let mut args = vec![
             "--restore",
             b.snapshot.to_str().expect("UTF-8 path"),
@@ -363,7 +369,6 @@ impl TestVm {
         args.extend_from_slice(extra);
         let t = Instant::now();
         let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
-        vm.remove_on_drop(copy);
         vm.ok("true", crate::CMD_TIMEOUT);
         eprintln!(
             "restored the base guest in {:.1} s",

@@ -43,6 +43,18 @@ impl NetNs {
         ip(&["-n", &self.name, "link", "set", dev, "up"]);
     }
 
+    /// Adds bridge `br` with host address `cidr` and the bare taps
+    /// `ports` on it (created here), all up.
+    pub fn add_bridge(&self, br: &str, cidr: &str, ports: &[&str]) {
+        ip(&["-n", &self.name, "link", "add", br, "type", "bridge"]);
+        ip(&["-n", &self.name, "addr", "add", cidr, "dev", br]);
+        ip(&["-n", &self.name, "link", "set", br, "up"]);
+        for p in ports {
+            self.add_bare_tap(p);
+            ip(&["-n", &self.name, "link", "set", p, "master", br]);
+        }
+    }
+
     /// Adds a veth pair: `dev` here, `peer` in namespace `other` with
     /// address `peer_cidr`; both up.
     pub fn add_veth(&self, dev: &str, other: &NetNs, peer: &str, peer_cidr: &str) {

@@ -1,20 +1,35 @@
 //! Live migration between two tandem processes on this machine, on a real
 //! guest (the run's base snapshot, restored; no boot): the source's guest
 //! dirties memory natively while `tandem ctl migrate` sends it over a Unix
-//! socket to `tandem run --incoming`. First a destination started with the
-//! wrong memory size refuses the guest before any memory moves, and the
-//! source's guest runs on; then a second migration completes: the source
-//! exits 0 saying where the guest went, and at the destination the
-//! console answers, a memory-resident file has the checksum it had before,
-//! and the dirtying loop still runs.
+//! socket to `tandem run --incoming`. The guest's first NIC sits on a
+//! bridge in the test's namespace with the source's tap and the
+//! destination's, and the host's address is on the bridge, so the host
+//! reaches the guest wherever it runs.
+//!
+//! First, migrations that fail: a destination with the wrong memory size
+//! (refused before any memory moves), a destination killed mid-stream, one
+//! that cannot converge in its time limit, a cancel; after each the
+//! source's guest runs on. Then one that completes while a TCP stream from
+//! the host runs into the guest: the source exits 0 saying where the guest
+//! went; at the destination the console answers, a memory-resident file
+//! has the checksum it had before, the dirtying loop still runs, the
+//! stream arrived whole, the guest answers pings through the bridge
+//! (which learnt its new port from the destination's self-announce), and
+//! the disk image, handed over at the switch-over (the source releases its
+//! lock, the destination takes it), reads back what the guest synced at
+//! the source and takes writes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tandem_tests::base::{device_args, disk_copy, BASE_MEM, HOST_IP0, PREFIX};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use sha2::{Digest, Sha256};
+use tandem_tests::base::{device_args, disk_copy, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
 use tandem_tests::netns::NetNs;
-use tandem_tests::{ctl, tandem_bin, TestVm};
+use tandem_tests::{ctl, hex, pseudo_random, tandem_bin, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// The dirtying loop's last count, read with shell builtins only (a new
@@ -25,11 +40,19 @@ fn scratch(what: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tandem-{what}-{}", std::process::id()))
 }
 
-/// `tandem run --incoming unix:SOCK` in `ns` with the base guest's devices
-/// on `taps` and `disk`, and `--mem mem`.
+/// `tandem run --incoming unix:SOCK --api-sock SOCK.api` in `ns` with the
+/// base guest's devices on `taps` and `disk`, and `--mem mem`.
 fn destination(ns: &NetNs, sock: &Path, taps: [&str; 2], disk: &Path, mem: &str) -> TestVm {
     let incoming = format!("unix:{}", sock.display());
-    let mut args: Vec<String> = vec!["--incoming".into(), incoming, "--mem".into(), mem.into()];
+    let api = format!("{}.api", sock.display());
+    let mut args: Vec<String> = vec![
+        "--incoming".into(),
+        incoming,
+        "--mem".into(),
+        mem.into(),
+        "--api-sock".into(),
+        api,
+    ];
     args.extend(device_args(taps, disk));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
@@ -56,12 +79,16 @@ fn migrate(api: &Path, to: &Path) -> (i32, serde_json::Value) {
 fn a_running_guest_moves_to_another_tandem() {
     let api = scratch("mig-src.sock");
     let ns = NetNs::new("migrate");
-    ns.add_tap("tap0", &format!("{HOST_IP0}/{PREFIX}"));
-    let mut src = TestVm::restore_base(
+    ns.add_bridge("br0", &format!("{HOST_IP0}/{PREFIX}"), &["tap0", "tap4"]);
+    // The image both ends use (one at a time: it is handed over).
+    let image = disk_copy();
+    let mut src = TestVm::restore_base_on(
         &ns,
         ["tap0", "tap1"],
+        &image,
         &["--api-sock", api.to_str().unwrap()],
     );
+    src.remove_on_drop(image.clone());
 
     // A file in tmpfs (guest memory) and a loop that dirties memory from
     // user space (native speed here) while the migration runs.
@@ -133,11 +160,33 @@ fn a_running_guest_moves_to_another_tandem() {
     assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
     still_running(&mut src, &api, &sum);
 
-    // The real one.
+    // The real one, on the same disk image, with the disk mounted and a
+    // file synced to it, and a TCP stream into the guest running across it.
+    src.ok(
+        "mount -t ext4 /dev/vda /mnt && cp /tmp/m /mnt/m && sync",
+        CMD,
+    );
     let sock = scratch("mig-dst.sock");
-    let disk = disk_copy();
-    let mut dst = destination(&ns, &sock, ["tap4", "tap5"], &disk, BASE_MEM);
-    dst.remove_on_drop(disk);
+    let mut dst = destination(&ns, &sock, ["tap4", "tap5"], &image, BASE_MEM);
+    dst.remove_on_drop(image.clone());
+    // Empty until the guest arrives: it cannot be run or saved.
+    let dst_api = PathBuf::from(format!("{}.api", sock.display()));
+    for verb in [&["resume"][..], &["snapshot", "/tmp/tandem-mig-none.snap"]] {
+        let (code, a) = ctl(&dst_api, verb);
+        assert_eq!(code, 1, "{a}");
+        assert!(
+            a["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("waits for an incoming migration"),
+            "{a}"
+        );
+    }
+    let blob = pseudo_random(STREAM_BYTES, 11);
+    let want = hex(&Sha256::digest(&blob));
+    src.ok("nc -l -p 5001 </dev/null >/tmp/in & ncpid=$!", CMD);
+    let sender = ns.spawn(move || send_slowly(&blob));
+    std::thread::sleep(Duration::from_secs(1));
     let (code, report) = migrate(&api, &sock);
     eprintln!("migration: {report}");
     assert_eq!(code, 0, "{report}");
@@ -168,6 +217,64 @@ fn a_running_guest_moves_to_another_tandem() {
         "the dirtying loop runs on at the destination"
     );
     dst.ok("kill %1", CMD);
+    dst.ok("wait $ncpid", CMD);
+    let (sent, end) = sender.join().expect("the sender");
+    assert_eq!(sent, STREAM_BYTES, "the host sent the whole stream");
+    let tcp = dst.ok("grep Tcp: /proc/net/snmp", CMD);
+    eprintln!("stream: {end}; the guest's TCP counters:\n{tcp}");
+    // The shell may first report the finished background job: take the sum.
+    let got = dst.ok("ls -l /tmp/in; sha256sum /tmp/in", CMD);
+    let stream_sum = got
+        .split_whitespace()
+        .find(|t| t.len() == 64 && t.chars().all(|c| c.is_ascii_hexdigit()));
+    assert_eq!(
+        stream_sum,
+        Some(want.as_str()),
+        "the stream across the migration arrived whole: {got}\nstream: {end}\n{tcp}"
+    );
+    // The disk is the destination's now: what the guest synced reads back
+    // from the image (the guest's page cache dropped), and it writes.
+    dst.ok("echo 3 > /proc/sys/vm/drop_caches", CMD);
+    let on_disk = dst.ok("sha256sum /mnt/m", CMD);
+    assert_eq!(on_disk.replace("/mnt/m", "/tmp/m"), sum);
+    dst.ok("echo after > /mnt/after && sync && umount /mnt", CMD);
+    let out = ns
+        .command("ping")
+        .args(["-c", "3", "-i", "0.2", "-W", "20", GUEST_IP0])
+        .output()
+        .expect("ping");
+    assert!(out.status.success(), "ping the migrated guest: {out:?}");
+}
+
+/// Bytes of the stream sent into the guest across the migration.
+const STREAM_BYTES: usize = 2 << 20;
+
+/// Sends `blob` to the guest's port 5001 in 64 KiB pieces 100 ms apart (so
+/// that the stream runs across the migration); returns the bytes sent and
+/// how the connection ended.
+fn send_slowly(blob: &[u8]) -> (usize, String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut s = loop {
+        match TcpStream::connect((GUEST_IP0, 5001)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            Err(e) => panic!("connect to the guest: {e}"),
+        }
+    };
+    for piece in blob.chunks(64 << 10) {
+        s.write_all(piece).expect("send to the guest");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Then wait for the guest to close its end: how the stream ended.
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
+    let mut byte = [0u8; 1];
+    let end = match s.read(&mut byte) {
+        Ok(0) => "closed by the guest".to_string(),
+        Ok(_) => "the guest sent data".to_string(),
+        Err(e) => format!("error: {e}"),
+    };
+    (blob.len(), end)
 }
 
 /// Starts a destination and `tandem ctl migrate` to it with `opts`, lets

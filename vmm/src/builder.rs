@@ -101,6 +101,7 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     let manifest =
         device_manager::manifest(cfg.mem_bytes, u32::from(cfg.cpus), virtio_configs.clone());
     let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), &exit)?;
+    dm.defer_disk_locks = matches!(start, Start::Incoming);
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
     let announce = dm.announcement();
     let (devices, subscribers) = dm.finish();
@@ -135,8 +136,14 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         profile: cfg.profile.clone(),
         start_paused: matches!(start, Start::Incoming),
     };
-    if let Start::Restore(r) = start {
-        restore(&vm.handle, *r)?;
+    match start {
+        Start::Restore(r) => restore(&vm.handle, *r)?,
+        Start::Incoming => vm
+            .handle
+            .0
+            .empty
+            .store(true, std::sync::atomic::Ordering::SeqCst),
+        Start::Boot => {}
     }
     Ok(vm)
 }

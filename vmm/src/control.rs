@@ -187,8 +187,12 @@ impl Control for VmControl {
 }
 
 impl VmControl {
-    /// Refuses what would change the VM under a migration.
+    /// Refuses what would change the VM under a migration, or run,
+    /// save or replace an incoming VM that holds no guest yet.
     fn not_migrating(&self) -> Result<(), VmOpError> {
+        if self.vm.is_empty() {
+            return Err(VmOpError::Empty);
+        }
         match &self.migration {
             Some(m) if m.active() => Err(VmOpError::Migrating),
             _ => Ok(()),

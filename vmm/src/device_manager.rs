@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use devices::i8042::I8042;
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
+use devices::virtio::block::backend::DiskBackend;
 use devices::virtio::block::disk::{DiskError, DiskFile};
 use devices::virtio::block::handler::BlockHandler;
 use devices::virtio::block::metrics::BlockMetrics;
@@ -196,6 +197,8 @@ pub enum Report {
         id: String,
         readonly: bool,
         counters: Arc<BlockMetrics>,
+        /// For the lock's hand-over at a migration's switch-over.
+        backend: Arc<dyn DiskBackend>,
     },
 }
 
@@ -267,6 +270,28 @@ impl VirtioSlot {
 
     /// Puts a saved transport state back (the VM paused; a live device is
     /// reset and restarted on the saved queues).
+    /// A disk's image lock taken (`held`) or released, after its completed
+    /// writes are made durable; `None` for a device that is not a disk.
+    pub fn hold_disk_lock(&self, held: bool) -> Option<std::io::Result<()>> {
+        match &self.report {
+            Report::Disk { backend, .. } => {
+                Some(backend.flush().and_then(|()| backend.hold_lock(held)))
+            }
+            _ => None,
+        }
+    }
+
+    /// A NIC's self-announce (RARP from its MAC) out of its backend;
+    /// `None` for a device that is not a NIC.
+    pub fn announce(&self) -> Option<std::io::Result<usize>> {
+        match (&self.config, &self.report) {
+            (DeviceConfig::Net { mac, .. }, Report::Net { handler, .. }) => {
+                Some(devices::bus::lock(handler).announce(*mac))
+            }
+            _ => None,
+        }
+    }
+
     pub fn restore_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
         devices::bus::lock(&self.transport)
             .restore(t)
@@ -285,6 +310,9 @@ pub struct DeviceManager {
     exit: Arc<ExitSignal>,
     mem: GuestMemoryMmap,
     vm: Arc<VmFd>,
+    /// Open disk images without their lock (a migration's destination:
+    /// the lock is taken at the switch-over).
+    pub defer_disk_locks: bool,
 }
 
 /// The VM's devices once built: the buses the vCPU threads share, guest
@@ -346,6 +374,7 @@ impl DeviceManager {
             exit: exit.clone(),
             mem,
             vm,
+            defer_disk_locks: false,
         })
     }
 
@@ -388,9 +417,10 @@ impl DeviceManager {
                 self.add_virtio(c, 2, |w| net_parts(spec, i, w))?;
             }
         }
+        let defer = self.defer_disk_locks;
         for spec in disks {
             if let Some(c) = configs.next() {
-                self.add_virtio(c, 1, |w| disk_parts(spec, w))?;
+                self.add_virtio(c, 1, |w| disk_parts(spec, w, defer))?;
             }
         }
         Ok(())
@@ -476,6 +506,7 @@ pub fn metrics_json(virtio: &[VirtioSlot], exits: &ExitCounts) -> serde_json::Va
                 id,
                 readonly,
                 counters,
+                ..
             } => {
                 let mut c = counters.snapshot();
                 c.bad_register_accesses += bad;
@@ -539,9 +570,16 @@ fn net_parts(spec: &NetSpec, index: usize, w: Wiring) -> Result<VirtioParts, Dev
 }
 
 /// A virtio-blk device on the image of `spec`.
-fn disk_parts(spec: &DiskSpec, w: Wiring) -> Result<VirtioParts, DeviceError> {
+/// With `defer_lock` (a migration's destination) the image is opened
+/// without its lock, which is taken at the switch-over.
+fn disk_parts(spec: &DiskSpec, w: Wiring, defer_lock: bool) -> Result<VirtioParts, DeviceError> {
     let path = spec.path.display().to_string();
-    let file = DiskFile::open(&spec.path, spec.readonly).map_err(|source| DeviceError::Disk {
+    let open = if defer_lock {
+        DiskFile::open_unlocked
+    } else {
+        DiskFile::open
+    };
+    let file = open(&spec.path, spec.readonly).map_err(|source| DeviceError::Disk {
         path: path.clone(),
         source,
     })?;
@@ -559,6 +597,7 @@ fn disk_parts(spec: &DiskSpec, w: Wiring) -> Result<VirtioParts, DeviceError> {
         return Err(DeviceError::EventFd(io::Error::other("one queue wanted")));
     };
     let counters = block.metrics.clone();
+    let disk = block.disk();
     let handler = BlockHandler::new(
         block.state(),
         block.disk(),
@@ -576,6 +615,7 @@ fn disk_parts(spec: &DiskSpec, w: Wiring) -> Result<VirtioParts, DeviceError> {
             id,
             readonly: spec.readonly,
             counters,
+            backend: disk,
         },
     })
 }

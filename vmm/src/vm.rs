@@ -11,6 +11,7 @@
 //! sends each vCPU an event and waits for the answers with a deadline.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -75,6 +76,8 @@ pub enum VmOpError {
     Migration(String),
     #[error("a migration is under way (migrate-cancel first)")]
     Migrating,
+    #[error("the VM holds no guest yet: it waits for an incoming migration")]
+    Empty,
 }
 
 /// Whether the VM is paused, and what its pause saved.
@@ -101,6 +104,9 @@ pub(crate) struct Core {
     pub msr_indices: Arc<Vec<u32>>,
     pub manifest: Manifest,
     pub started: Instant,
+    /// No guest yet: an incoming VM before its migrated state is applied
+    /// (it must not be resumed, snapshotted or reverted).
+    pub empty: std::sync::atomic::AtomicBool,
     pause: Mutex<PauseState>,
 }
 
@@ -119,6 +125,7 @@ impl Core {
             msr_indices: parts.msr_indices,
             manifest: parts.manifest,
             started: Instant::now(),
+            empty: std::sync::atomic::AtomicBool::new(false),
             pause: Mutex::new(PauseState {
                 since: Some(Instant::now()),
                 clock: None,
@@ -326,7 +333,13 @@ impl VmHandle {
         }
         self.0.devices.restore_serial(&s.serial)?;
         p.clock = Some(s.vm.clock);
+        self.0.empty.store(false, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Whether the VM holds no guest yet (an incoming VM before its state).
+    pub fn is_empty(&self) -> bool {
+        self.0.empty.load(Ordering::SeqCst)
     }
 
     /// Writes a snapshot to `path`, pausing a running VM for it.
@@ -392,6 +405,22 @@ impl VmHandle {
             ms: start.elapsed().as_secs_f64() * 1000.0,
             was_running,
         })
+    }
+
+    /// Takes (`held`) or releases every disk image's lock, each after its
+    /// completed writes are made durable: a migration's switch-over (the
+    /// VM paused). Stops at the first disk that fails.
+    pub fn hold_disk_locks(&self, held: bool) -> Result<(), VmOpError> {
+        for slot in self.virtio().iter() {
+            if let Some(Err(e)) = slot.hold_disk_lock(held) {
+                let what = if held { "take" } else { "release" };
+                return Err(VmOpError::Migration(format!(
+                    "cannot {what} the lock of disk {}: {e}",
+                    slot.id()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Makes every vCPU sleep `percent` of each throttle window (0: off).

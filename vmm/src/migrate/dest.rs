@@ -50,6 +50,7 @@ pub fn spawn(vm: VmHandle, listener: Listener, from: Endpoint) -> std::io::Resul
                     log::info!(
                         "migration from {from}: {pages} pages received; the guest runs here"
                     );
+                    announce(&vm);
                 }
                 Err(e) => vm
                     .exit()
@@ -66,7 +67,13 @@ fn receive(vm: &VmHandle, listener: &Listener) -> Result<u64, MigrateError> {
     conn.set_timeouts(IO_TIMEOUT)
         .map_err(MigrateError::Stream)?;
     let (state, pages) = receive_guest(&mut conn, vm.manifest(), vm.memory())?;
+    // The source released the disks' locks before it sent the state.
+    if let Err(e) = vm.hold_disk_locks(true) {
+        let _ = vm.hold_disk_locks(false);
+        return Err(refuse(&mut conn, e.to_string()));
+    }
     if let Err(e) = vm.apply_state(&state) {
+        let _ = vm.hold_disk_locks(false);
         return Err(refuse(&mut conn, e.to_string()));
     }
     protocol::write_message(&mut conn, &Message::Ready)?;
@@ -152,4 +159,27 @@ fn write_batch(mem: &GuestMemoryMmap, batch: &protocol::MemoryBatch) -> Result<u
         }
     }
     Ok(batch.pages())
+}
+
+/// Self-announce rounds after the switch-over, as delays from the last
+/// (QEMU's self-announce does the same, 5 rounds from 50 ms apart).
+const ANNOUNCE: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(50),
+    Duration::from_millis(150),
+];
+
+/// Each NIC announces the guest's MAC from here, so that a bridge or a
+/// switch learns its new port before the guest next talks.
+fn announce(vm: &VmHandle) {
+    for delay in ANNOUNCE {
+        std::thread::sleep(delay);
+        for slot in vm.virtio().iter() {
+            match slot.announce() {
+                Some(Err(e)) => log::warn!("{}: self-announce not sent: {e}", slot.id()),
+                Some(Ok(_)) => log::debug!("{}: self-announce sent", slot.id()),
+                None => {}
+            }
+        }
+    }
 }

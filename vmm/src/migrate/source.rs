@@ -126,6 +126,7 @@ fn migrate(
         sent: Sent::default(),
         throttle: 0,
         paused_at: None,
+        released_disks: false,
     };
     match run.go(to) {
         Ok(()) => {
@@ -167,6 +168,8 @@ struct Run<'a> {
     throttle: u8,
     /// When the stop-and-copy paused the VM.
     paused_at: Option<Instant>,
+    /// Whether the disks' locks were released for the destination.
+    released_disks: bool,
 }
 
 impl Run<'_> {
@@ -306,6 +309,10 @@ impl Run<'_> {
         pages::send_dirty(ram, conn, &last, self.params, &mut self.sent, &never)?;
         let state = self.vm.capture_state()?;
         let image = crate::snapshot::state_image(&state)?;
+        // The destination takes the disks' locks when the state arrives:
+        // one VM at a time holds an image.
+        self.vm.hold_disk_locks(false)?;
+        self.released_disks = true;
         protocol::write_message(conn, &Message::State(image))?;
         protocol::expect(conn, Command::Ready)?;
         let round = devices::bus::lock(self.status).round + 1;
@@ -322,9 +329,17 @@ impl Run<'_> {
         } else {
             Ok(())
         };
+        // The destination that took the locks has given them up (it
+        // refused, or its process ended).
+        let disks = if self.released_disks {
+            self.vm.hold_disk_locks(true)
+        } else {
+            Ok(())
+        };
         if self.paused_at.is_some() && self.vm.is_paused() {
             self.vm.resume()?;
         }
+        disks?;
         log?;
         throttle?;
         Ok(())

@@ -50,6 +50,14 @@ pub trait DiskBackend: Send + Sync {
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
 
+    /// Takes (`held`) or releases the image's lock, without waiting: at a
+    /// migration's switch-over the source releases it and the destination
+    /// takes it, so that one VM at a time writes the image. A backend
+    /// without a lock has nothing to do.
+    fn hold_lock(&self, _held: bool) -> io::Result<()> {
+        Ok(())
+    }
+
     /// Deallocates a range (advisory: it may read back as before).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
 

@@ -69,6 +69,15 @@ impl DiskFile {
     /// so two VMs never write the same image and nobody writes an image a
     /// VM reads. A size that is not a whole number of sectors loses its tail.
     pub fn open(path: &Path, readonly: bool) -> Result<DiskFile, DiskError> {
+        let disk = Self::open_unlocked(path, readonly)?;
+        disk.lock(path)?;
+        Ok(disk)
+    }
+
+    /// Opens `path` as [`DiskFile::open`] does but takes no lock yet: a
+    /// migration's destination, whose source holds the image's lock until
+    /// the switch-over ([`DiskBackend::hold_lock`]).
+    pub fn open_unlocked(path: &Path, readonly: bool) -> Result<DiskFile, DiskError> {
         let file = OpenOptions::new()
             .read(true)
             .write(!readonly)
@@ -88,13 +97,19 @@ impl DiskFile {
         if !ft.is_file() && !ft.is_block_device() {
             return Err(DiskError::NotAFile(path.to_path_buf()));
         }
-        let op = if readonly {
+        Self::from_file(file, path, readonly)
+    }
+
+    /// Takes the image's lock, without waiting: exclusive for a writable
+    /// disk, shared for a read-only one.
+    fn lock(&self, path: &Path) -> Result<(), DiskError> {
+        let op = if self.readonly {
             libc::LOCK_SH
         } else {
             libc::LOCK_EX
         };
         // SAFETY: flock on a descriptor we own; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } < 0 {
+        if unsafe { libc::flock(self.file.as_raw_fd(), op | libc::LOCK_NB) } < 0 {
             let err = io::Error::last_os_error();
             return Err(if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 DiskError::Locked(path.to_path_buf())
@@ -105,7 +120,7 @@ impl DiskFile {
                 }
             });
         }
-        Self::from_file(file, path, readonly)
+        Ok(())
     }
 
     /// Wraps an already open file (no lock taken).
@@ -160,6 +175,17 @@ impl DiskFile {
 impl DiskBackend for DiskFile {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn hold_lock(&self, held: bool) -> io::Result<()> {
+        if held {
+            return self.lock(Path::new(&self.name)).map_err(io::Error::other);
+        }
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     fn size(&self) -> u64 {

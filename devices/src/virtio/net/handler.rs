@@ -157,6 +157,14 @@ impl NetHandler {
         })
     }
 
+    /// Sends a self-announce (a RARP request from `mac`) out of the
+    /// backend, from any thread: what a migrated guest's NIC does from its
+    /// new place. A backend that cannot take it now is not waited for.
+    pub fn announce(&self, mac: [u8; 6]) -> io::Result<usize> {
+        let frame = super::announce::rarp_frame(mac);
+        crate::bus::lock(&self.state).backend.write_frame(&frame)
+    }
+
     /// Puts `backend` in place of the device's backend, at the handler's
     /// next turn on the event loop (the device may be running: COLO's
     /// failover). The receiver gets the backend taken out once it is done,

@@ -16,6 +16,7 @@
 //! - `rsc`: receive segment coalescing, pure logic: merges in-order TCP
 //!   segments read from the backend into GSO frames for the guest (design §4).
 
+pub mod announce;
 pub mod backend;
 pub mod device;
 pub mod handler;
