@@ -94,14 +94,19 @@ fn a_running_guest_moves_to_another_tandem() {
     // user space (native speed here) while the migration runs.
     vm_prepare(&mut src);
     let sum = src.ok("sha256sum /tmp/m", CMD);
+    failed_migrations(&ns, &api, &mut src, &sum);
+    completed_migration(&ns, &api, src, &image, &sum);
+}
 
+/// Migrations that fail, each leaving the source's guest running.
+fn failed_migrations(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
     // A destination that is not this VM (other memory size): refused before
     // any memory moves; the guest runs on at the source.
     let wrong_sock = scratch("mig-wrong.sock");
     let wrong_disk = disk_copy();
-    let mut wrong = destination(&ns, &wrong_sock, ["tap2", "tap3"], &wrong_disk, "256M");
+    let mut wrong = destination(ns, &wrong_sock, ["tap2", "tap3"], &wrong_disk, "256M");
     wrong.remove_on_drop(wrong_disk);
-    let (code, report) = migrate(&api, &wrong_sock);
+    let (code, report) = migrate(api, &wrong_sock);
     assert_eq!(code, 1, "{report}");
     assert_eq!(report["phase"], "failed", "{report}");
     let error = report["error"].as_str().unwrap_or("");
@@ -116,12 +121,12 @@ fn a_running_guest_moves_to_another_tandem() {
         "{}",
         wrong.stderr()
     );
-    still_running(&mut src, &api, &sum);
+    still_running(src, api, sum);
 
     // A destination killed mid-stream, a migration that cannot converge in
     // its time, a cancel: each leaves the guest running at the source.
     let slow = ["--bandwidth", "4"];
-    let (report, mut dst) = migrate_while(&ns, &api, &slow, TestVm::kill);
+    let (report, mut dst) = migrate_while(ns, api, &slow, TestVm::kill);
     assert!(
         report["error"]
             .as_str()
@@ -130,7 +135,7 @@ fn a_running_guest_moves_to_another_tandem() {
         "{report}"
     );
     dst.wait_exit(CMD);
-    still_running(&mut src, &api, &sum);
+    still_running(src, api, sum);
     // (Capped at 2 MiB/s, 1 ms is less than a page's time.)
     let hopeless = [
         "--downtime-ms",
@@ -142,7 +147,7 @@ fn a_running_guest_moves_to_another_tandem() {
         "--bandwidth",
         "2",
     ];
-    let (report, mut dst) = migrate_while(&ns, &api, &hopeless, |_| {});
+    let (report, mut dst) = migrate_while(ns, api, &hopeless, |_| {});
     assert!(
         report["error"]
             .as_str()
@@ -151,24 +156,26 @@ fn a_running_guest_moves_to_another_tandem() {
         "{report}"
     );
     assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
-    still_running(&mut src, &api, &sum);
-    let (report, mut dst) = migrate_while(&ns, &api, &slow, |_| {
-        let (code, a) = ctl(&api, &["migrate-cancel"]);
+    still_running(src, api, sum);
+    let (report, mut dst) = migrate_while(ns, api, &slow, |_| {
+        let (code, a) = ctl(api, &["migrate-cancel"]);
         assert_eq!(code, 0, "{a}");
     });
     assert_eq!(report["phase"], "cancelled", "{report}");
     assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
-    still_running(&mut src, &api, &sum);
+    still_running(src, api, sum);
+}
 
-    // The real one, on the same disk image, with the disk mounted and a
-    // file synced to it, and a TCP stream into the guest running across it.
+/// The real one, on the same disk image, with the disk mounted and a file
+/// synced to it, and a TCP stream into the guest running across it.
+fn completed_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum: &str) {
     src.ok(
         "mount -t ext4 /dev/vda /mnt && cp /tmp/m /mnt/m && sync",
         CMD,
     );
     let sock = scratch("mig-dst.sock");
-    let mut dst = destination(&ns, &sock, ["tap4", "tap5"], &image, BASE_MEM);
-    dst.remove_on_drop(image.clone());
+    let mut dst = destination(ns, &sock, ["tap4", "tap5"], image, BASE_MEM);
+    dst.remove_on_drop(image.to_path_buf());
     // Empty until the guest arrives: it cannot be run or saved.
     let dst_api = PathBuf::from(format!("{}.api", sock.display()));
     for verb in [&["resume"][..], &["snapshot", "/tmp/tandem-mig-none.snap"]] {
@@ -187,7 +194,7 @@ fn a_running_guest_moves_to_another_tandem() {
     src.ok("nc -l -p 5001 </dev/null >/tmp/in & ncpid=$!", CMD);
     let sender = ns.spawn(move || send_slowly(&blob));
     std::thread::sleep(Duration::from_secs(1));
-    let (code, report) = migrate(&api, &sock);
+    let (code, report) = migrate(api, &sock);
     eprintln!("migration: {report}");
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["phase"], "completed", "{report}");
@@ -232,8 +239,13 @@ fn a_running_guest_moves_to_another_tandem() {
         Some(want.as_str()),
         "the stream across the migration arrived whole: {got}\nstream: {end}\n{tcp}"
     );
-    // The disk is the destination's now: what the guest synced reads back
-    // from the image (the guest's page cache dropped), and it writes.
+    disk_and_network(&mut dst, ns, sum);
+}
+
+/// The disk is the destination's now: what the guest synced reads back
+/// from the image (the guest's page cache dropped), and it writes; and the
+/// guest answers pings through the bridge.
+fn disk_and_network(dst: &mut TestVm, ns: &NetNs, sum: &str) {
     dst.ok("echo 3 > /proc/sys/vm/drop_caches", CMD);
     let on_disk = dst.ok("sha256sum /mnt/m", CMD);
     assert_eq!(on_disk.replace("/mnt/m", "/tmp/m"), sum);

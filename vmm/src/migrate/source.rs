@@ -29,9 +29,6 @@ use super::MigrateError;
 use crate::exit::VmExit;
 use crate::vm::VmHandle;
 
-/// Pre-copy rounds at most before the stop-and-copy is forced on by the
-/// timeout alone (a bound on the loop, not a convergence rule).
-const MAX_ROUNDS: u32 = 1000;
 /// Auto-converge: first throttle, step, and ceiling (QEMU's defaults).
 const THROTTLE_FIRST: u8 = 20;
 const THROTTLE_STEP: u8 = 10;
@@ -235,7 +232,9 @@ impl Run<'_> {
                 s.remaining_bytes = bytes;
                 s.expected_downtime_ms = estimate_ms;
             });
-            if estimate_ms <= self.params.downtime_ms as f64 || round >= MAX_ROUNDS {
+            // Not converging ends at the time limit (check_going), never in
+            // a stop-and-copy over the budget.
+            if estimate_ms <= self.params.downtime_ms as f64 {
                 return Ok(dirty);
             }
             let before = self.sent.bytes();
