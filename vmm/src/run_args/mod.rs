@@ -166,7 +166,7 @@ pub struct RunArgs {
     /// status 1; nothing of the guest ran here.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore"],
           value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
-    #[serde(skip)]
+    #[serde(default)]
     pub incoming: Option<crate::migrate::Endpoint>,
     /// Profile the guest from start to end into FILE: each vCPU's
     /// instruction pointer is sampled --guest-profile-hz times a second
@@ -264,7 +264,7 @@ impl RunArgs {
             api_sock: self.api_sock.or(file.api_sock),
             cpus: self.cpus.or(file.cpus),
             restore: self.restore.or(file.restore),
-            incoming: self.incoming,
+            incoming: self.incoming.or(file.incoming),
             guest_profile: self.guest_profile.or(file.guest_profile),
             guest_profile_hz: self.guest_profile_hz.or(file.guest_profile_hz),
             guest_symbols: self.guest_symbols.or(file.guest_symbols),
