@@ -306,16 +306,22 @@ fn main() -> ExitCode {
     boot(args, cmdline)
 }
 
+/// The guest memory asked for (default [`DEFAULT_MEM`]), if this host has it.
+fn guest_mem(asked: Option<u64>) -> Result<u64, ExitCode> {
+    let mem = asked
+        .map_or_else(|| config::parse_mem(DEFAULT_MEM), Ok)
+        .map_err(fail)?;
+    config::check_mem_fits(mem, &format!("{}M", mem >> 20)).map_err(fail)?;
+    Ok(mem)
+}
+
 /// `tandem run --incoming ADDR`: build the VM paused, bind ADDR, and let
 /// the incoming thread fill and start it.
 fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
-    let mem = match args.mem.map_or_else(|| config::parse_mem(DEFAULT_MEM), Ok) {
+    let mem = match guest_mem(args.mem) {
         Ok(m) => m,
-        Err(e) => return fail(e),
+        Err(code) => return code,
     };
-    if let Err(e) = config::check_mem_fits(mem, &format!("{}M", mem >> 20)) {
-        return fail(e);
-    }
     let profile = match args.profile(None) {
         Ok(p) => p,
         Err(e) => return fail(e),
@@ -348,17 +354,10 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
 
 /// `tandem run`: boot the kernel given (or the default guest).
 fn boot(args: RunArgs, cmdline: String) -> ExitCode {
-    let mem = match args.mem {
-        Some(m) => m,
-        None => match config::parse_mem(DEFAULT_MEM) {
-            Ok(m) => m,
-            Err(e) => return fail(e),
-        },
+    let mem = match guest_mem(args.mem) {
+        Ok(m) => m,
+        Err(code) => return code,
     };
-    let asked_mem = format!("{}M", mem >> 20);
-    if let Err(e) = config::check_mem_fits(mem, &asked_mem) {
-        return fail(e);
-    }
     let (kernel, initrd) = match args.kernel.clone() {
         Some(k) => (k, args.initrd.clone()),
         None => match config::default_guest() {
