@@ -2,11 +2,14 @@
 # Builds the default guest's root file system as an ext4 image, to boot from
 # a virtio-blk disk (root=/dev/vda, no initramfs):
 #   target/guest/rootfs.ext4   busybox with its applet links, /sbin/init (the
-#                              initramfs's tandem-init), /usr/bin/blktool
+#                              initramfs's tandem-init), /usr/bin/blktool, and
+#                              the guest tools (resources/guest-tools/*.c) as
+#                              /usr/bin/<name>, built as for the initramfs
 #
 # Debian packages only (busybox-static, e2fsprogs, gcc and libc6-dev for the
-# static blktool, musl-tools for tandem-init); the image is made by `mkfs.ext4 -d` from a tree built
-# like the initramfs's, no mounting and no root privileges needed.
+# static blktool, musl-tools for tandem-init and the guest tools); the image
+# is made by `mkfs.ext4 -d` from a tree built like the initramfs's, no
+# mounting and no root privileges needed.
 #
 # Idempotent and cached like build-guest.sh: built once into
 # ${TANDEM_CACHE:-~/.cache/tandem}, keyed by a hash of its inputs, then
@@ -41,9 +44,9 @@ install_deps() {
 pkgver() { dpkg-query -W -f='${Version}' "$1"; }
 
 build_rootfs() {
-    local key file root applet
+    local key file root applet tool
     key=$( (pkgver busybox-static; pkgver e2fsprogs; pkgver gcc; pkgver libc6-dev; pkgver musl-tools; echo "$size"
-        cat "$here/initramfs/init.c" "$here/rootfs/blktool.c"
+        cat "$here/initramfs/init.c" "$here/rootfs/blktool.c" "$here"/guest-tools/*.c
         sed -n '/^build_rootfs()/,/^}/p' "$0") | sha256sum | cut -c1-16)
     file="$cache/rootfs-$key.ext4"
     if [ -f "$file" ]; then
@@ -63,6 +66,11 @@ build_rootfs() {
         rm -f "$root/sbin/init"
         musl-gcc -static -O2 -s -Wall -Wextra -Werror -o "$root/sbin/init" "$here/initramfs/init.c"
         gcc -static -O2 -Wall -Werror -o "$root/usr/bin/blktool" "$here/rootfs/blktool.c"
+        # Guest tools, exactly as build-guest.sh builds them for the initramfs.
+        for tool in "$here"/guest-tools/*.c; do
+            musl-gcc -static -O2 -s -Wall -Wextra -Werror \
+                -o "$root/usr/bin/$(basename "$tool" .c)" "$tool"
+        done
         echo 'root:x:0:0:root:/root:/bin/sh' >"$root/etc/passwd"
         echo 'root:x:0:' >"$root/etc/group"
         # 4 KiB blocks (mke2fs picks 1 KiB for small images), no reserved
