@@ -11,9 +11,10 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 # Tools the test suite uses besides the guest build's own dependencies
-# (ethtool: the RSC test and benchmark turn tap segmentation offloads off).
+# (ethtool: the RSC test and benchmark turn tap segmentation offloads off;
+# fonts-dejavu-core: the font of the migration jitter probe's plot).
 need=()
-for p in util-linux iproute2 coreutils iputils-ping ethtool; do
+for p in util-linux iproute2 coreutils iputils-ping ethtool fonts-dejavu-core; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -33,6 +33,7 @@ pub mod kvm_util;
 pub mod memory;
 pub mod migrate;
 pub mod pause;
+pub mod probe;
 pub mod profile;
 pub mod run_args;
 pub mod snapshot;
