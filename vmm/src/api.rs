@@ -17,7 +17,7 @@
 //! {"cmd":"dirty_log","action":"start"|"read"|"stop"}
 //!                                  -> {"ok":true,"logging":...,"pages":...,"kvm_pages":...,...}
 //! {"cmd":"migrate","to":"tcp:H:P"|"unix:PATH","downtime_ms":300,"bandwidth_mib":null,
-//!  "auto_converge":true,"timeout_s":600}
+//!  "auto_converge":true,"timeout_s":600,"mode":"thread"|"inline"}
 //!                                  -> {"ok":true,"migration":{status}} (started; fields optional)
 //! {"cmd":"migrate_status"}         -> {"ok":true,"migration":{"phase":...,"round":...,...}}
 //! {"cmd":"migrate_cancel"}         -> {"ok":true,"migration":{...}} (the guest runs on here)
@@ -137,6 +137,8 @@ pub enum Request {
         auto_converge: bool,
         #[serde(default = "field::default_timeout")]
         timeout_s: u64,
+        #[serde(default)]
+        mode: crate::migrate::Mode,
     },
     MigrateStatus {},
     MigrateCancel {},
@@ -324,12 +326,14 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             bandwidth_mib,
             auto_converge,
             timeout_s,
+            mode,
         } => {
             let params = crate::migrate::Params {
                 downtime_ms,
                 bandwidth_mib,
                 auto_converge,
                 timeout_s,
+                mode,
             };
             answer(ctl.migrate(&to, params))
         }
@@ -688,6 +692,17 @@ mod tests {
                 Request::Throttle { percent: 99 },
                 r#"{"cmd":"throttle","percent":99}"#,
             ),
+            (
+                Request::Migrate {
+                    to: "unix:/tmp/m".into(),
+                    downtime_ms: 300,
+                    bandwidth_mib: Some(128),
+                    auto_converge: true,
+                    timeout_s: 600,
+                    mode: crate::migrate::Mode::Inline,
+                },
+                r#"{"cmd":"migrate","to":"unix:/tmp/m","downtime_ms":300,"bandwidth_mib":128,"auto_converge":true,"timeout_s":600,"mode":"inline"}"#,
+            ),
         ] {
             assert_eq!(serde_json::to_string(&req).unwrap(), line);
             assert_eq!(Request::parse(line.as_bytes()).unwrap(), req, "{line}");
@@ -752,6 +767,10 @@ mod tests {
                 "\"hz\": invalid value",
             ),
             (r#"{"cmd":"throttle"}"#, "missing field `percent`"),
+            (
+                r#"{"cmd":"migrate","to":"unix:/m","mode":"fast"}"#,
+                "unknown variant `fast`, expected `thread` or `inline`",
+            ),
             (
                 r#"{"cmd":"throttle","percent":100}"#,
                 "\"percent\": 100 is not 0 to 99",

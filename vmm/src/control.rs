@@ -13,9 +13,10 @@ use serde_json::{json, Value};
 
 use crate::api::{Control, DirtyLogAction};
 use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
-use crate::migrate::{Endpoint, Migration, Params};
+use crate::migrate::{Ended, Endpoint, Migration, Params};
 use crate::profile;
 use crate::vm::{VmHandle, VmOpError};
+use std::sync::Arc;
 
 /// The VM as the control API sees it.
 pub struct VmControl {
@@ -26,16 +27,19 @@ pub struct VmControl {
     dirty_since: Option<Instant>,
     /// The last migration started from here (under way or ended).
     migration: Option<Migration>,
+    /// Where a migration says it ended (watched by the VMM thread's loop).
+    ended: Arc<Ended>,
 }
 
 impl VmControl {
     /// The verbs of `vm`.
-    pub fn new(vm: VmHandle, symbols: Option<PathBuf>) -> Self {
+    pub fn new(vm: VmHandle, symbols: Option<PathBuf>, ended: Arc<Ended>) -> Self {
         VmControl {
             vm,
             symbols,
             dirty_since: None,
             migration: None,
+            ended,
         }
     }
 }
@@ -167,7 +171,7 @@ impl Control for VmControl {
         }
         // The last one's thread has ended: dropping it joins at once.
         self.migration = None;
-        let m = Migration::start(self.vm.clone(), to, params)
+        let m = Migration::start(self.vm.clone(), to, params, self.ended.clone())
             .map_err(|e| VmOpError::Migration(format!("cannot start the thread: {e}")))?;
         self.migration = Some(m);
         self.migration_json()

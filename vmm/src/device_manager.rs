@@ -281,6 +281,14 @@ impl VirtioSlot {
         }
     }
 
+    /// Makes a disk's completed writes durable (`None`: not a disk).
+    pub fn flush_disk(&self) -> Option<std::io::Result<()>> {
+        match &self.report {
+            Report::Disk { backend, .. } => Some(backend.flush()),
+            _ => None,
+        }
+    }
+
     /// A NIC's self-announce (RARP from its MAC) out of its backend;
     /// `None` for a device that is not a NIC.
     pub fn announce(&self) -> Option<std::io::Result<usize>> {

@@ -3,7 +3,8 @@
 //!
 //! It parks at its own gate while the VM is paused (woken through an
 //! eventfd so that it reaches the gate at once) and ends when told to
-//! ([`DeviceThread::finish`] joins it). Driven from the VMM thread (and
+//! ([`DeviceThread::finish`] joins it). Between passes it lends its turn
+//! to an inline migration (`migrate::inline`), if one waits. Driven from the VMM thread (and
 //! later the migration and COLO threads, through the `Vm`). The loop
 //! never takes a lock a vCPU holds for long: each device has its own.
 
@@ -16,6 +17,7 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber, SubscriberOp
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device_manager::Subscribers;
+use crate::migrate::inline::{SharedTurns, Turns};
 use crate::pause::{Gate, PauseError};
 
 /// How often the loop looks at its gate when idle.
@@ -24,6 +26,8 @@ const TICK_MS: i32 = 100;
 /// The running device thread.
 pub struct DeviceThread {
     gate: Arc<Gate>,
+    /// Lent to an inline migration (`--mode inline`) between passes.
+    turns: SharedTurns,
     kick: EventFd,
     ended: Arc<AtomicBool>,
     done: Arc<AtomicBool>,
@@ -53,7 +57,8 @@ impl DeviceThread {
         let gate = Arc::new(Gate::default());
         let ended = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
-        let (g, e, d) = (gate.clone(), ended.clone(), done.clone());
+        let turns = Arc::new(Turns::default());
+        let (g, e, d, t) = (gate.clone(), ended.clone(), done.clone(), turns.clone());
         let thread = std::thread::Builder::new()
             .name("devices".into())
             .spawn(move || {
@@ -62,14 +67,20 @@ impl DeviceThread {
                     if e.load(Ordering::SeqCst) {
                         break;
                     }
-                    if let Err(err) = em.run_with_timeout(TICK_MS) {
+                    // An inline migration waiting: one pass over what is
+                    // ready, then its turn.
+                    let wait = if t.wanted() { 0 } else { TICK_MS };
+                    if let Err(err) = em.run_with_timeout(wait) {
                         log::error!("device event loop: {err:?}");
                     }
+                    t.lend();
                 }
+                t.close();
                 d.store(true, Ordering::SeqCst);
             })?;
         Ok(DeviceThread {
             gate,
+            turns,
             kick,
             ended,
             done,
@@ -83,6 +94,11 @@ impl DeviceThread {
         self.gate.pause(1, || {
             let _ = kick.write(1);
         })
+    }
+
+    /// The turns the loop lends to an inline migration.
+    pub fn turns(&self) -> SharedTurns {
+        self.turns.clone()
     }
 
     /// Lets the loop go on.

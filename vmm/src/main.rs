@@ -45,7 +45,8 @@ Examples: printf 'uname -r\\nreboot -f\\n' | tandem run
 Verbs: status, pause, resume, metrics, shutdown, snapshot PATH, revert PATH, \
 profile-start [--hz N], profile-stop PATH, dirty-log start|read|stop, \
 throttle PERCENT, migrate ADDR [--downtime-ms N] [--bandwidth MIB_PER_S] \
-[--auto-converge on|off] [--timeout-s N] [--json], migrate-status, migrate-cancel.
+[--auto-converge on|off] [--timeout-s N] [--mode thread|inline] [--probe GUEST_IP] \
+[--plot FILE.png] [--json], migrate-status, migrate-cancel.
 
 Example: tandem ctl --api-sock /tmp/vm.sock pause")]
     Ctl(CtlArgs),
@@ -117,30 +118,7 @@ enum Verb {
     /// Shows progress on a terminal and ends with a report. On success the
     /// VMM here exits (status 0); on any failure the guest runs on here as
     /// before. Exit status 0 when the migration completed, 1 otherwise.
-    Migrate {
-        /// Where: tcp:HOST:PORT or unix:PATH.
-        #[arg(value_parser = |s: &str| s.parse::<vmm::migrate::Endpoint>())]
-        to: vmm::migrate::Endpoint,
-        /// The longest the guest may stay paused at the switch-over, ms.
-        #[arg(long, value_name = "MS", default_value_t = vmm::migrate::status::DEFAULT_DOWNTIME_MS,
-              value_parser = clap::value_parser!(u64).range(1..))]
-        downtime_ms: u64,
-        /// Send at most this many MiB/s (default: unlimited).
-        #[arg(long, value_name = "MIB_PER_S", value_parser = clap::value_parser!(u64).range(1..))]
-        bandwidth: Option<u64>,
-        /// Throttle the vCPUs step by step when the guest dirties memory
-        /// faster than it is sent.
-        #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
-              value_parser = clap::builder::BoolishValueParser::new())]
-        auto_converge: bool,
-        /// Give up after this many seconds (the guest runs on here).
-        #[arg(long, value_name = "S", default_value_t = vmm::migrate::status::DEFAULT_TIMEOUT_S,
-              value_parser = clap::value_parser!(u64).range(1..))]
-        timeout_s: u64,
-        /// Print the report as one JSON object (and no progress bar).
-        #[arg(long)]
-        json: bool,
-    },
+    Migrate(vmm::migrate::client::MigrateArgs),
     /// The migration's progress, or its report once it ended.
     MigrateStatus,
     /// Cancel the migration under way; the guest runs on here.
@@ -185,22 +163,8 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
         },
         Verb::Throttle { percent } => Request::Throttle { percent: *percent },
         Verb::DirtyLog { action } => Request::DirtyLog { action: *action },
-        Verb::Migrate {
-            to,
-            downtime_ms,
-            bandwidth,
-            auto_converge,
-            timeout_s,
-            json,
-        } => {
-            let req = Request::Migrate {
-                to: to.to_string(),
-                downtime_ms: *downtime_ms,
-                bandwidth_mib: *bandwidth,
-                auto_converge: *auto_converge,
-                timeout_s: *timeout_s,
-            };
-            return match vmm::migrate::client::follow(&args.api_sock, &req, *json) {
+        Verb::Migrate(m) => {
+            return match vmm::migrate::client::run(&args.api_sock, m) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::from(1),
                 Err(e) => fail(e),

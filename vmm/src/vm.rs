@@ -423,6 +423,20 @@ impl VmHandle {
         Ok(())
     }
 
+    /// Makes every disk's completed writes durable (while the guest runs:
+    /// what is left to flush at a switch-over is then small).
+    pub fn flush_disks(&self) -> Result<(), VmOpError> {
+        for slot in self.virtio().iter() {
+            if let Some(Err(e)) = slot.flush_disk() {
+                return Err(VmOpError::Migration(format!(
+                    "cannot flush disk {}: {e}",
+                    slot.id()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Makes every vCPU sleep `percent` of each throttle window (0: off).
     pub fn throttle(&self, percent: u8) -> Result<(), VmOpError> {
         Ok(lock(&self.0.vcpus).throttle(percent)?)
@@ -469,6 +483,11 @@ impl VmHandle {
     /// How the VM ends (or ended).
     pub fn exit(&self) -> &Arc<ExitSignal> {
         &self.0.exit
+    }
+
+    /// The device loop's turns (for an inline migration).
+    pub fn device_turns(&self) -> crate::migrate::inline::SharedTurns {
+        lock(&self.0.device_thread).turns()
     }
 
     /// Ends and joins every vCPU thread and the device thread.

@@ -53,6 +53,8 @@ pub enum VmError {
     Cpuid(#[from] cpuid::CpuidError),
     #[error("cannot set up the event loop: {0:?}")]
     EventLoop(event_manager::Error),
+    #[error("cannot make the migration's eventfd: {0}")]
+    MigrationEvent(#[source] std::io::Error),
     #[error(transparent)]
     Api(#[from] crate::api::ApiError),
     #[error("cannot write metrics to {path}: {source}")]
@@ -161,7 +163,12 @@ impl Vm {
         })));
         if let Some(mut api) = self.api.take() {
             let symbols = self.profile.symbols.clone();
-            api.set_control(Box::new(VmControl::new(handle.clone(), symbols)));
+            let ended = Arc::new(crate::migrate::Ended::new().map_err(VmError::MigrationEvent)?);
+            em.add_subscriber(Arc::new(Mutex::new(MigrationWatcher {
+                ended: ended.clone(),
+                vm: handle.clone(),
+            })));
+            api.set_control(Box::new(VmControl::new(handle.clone(), symbols, ended)));
             em.add_subscriber(Arc::new(Mutex::new(api)));
         }
         if let Some(path) = &self.metrics {
@@ -233,6 +240,41 @@ fn write_metrics(path: &Path, doc: &Value) -> Result<(), VmError> {
     let text = serde_json::to_string_pretty(doc).map_err(|e| err(e.into()))?;
     std::fs::write(&tmp, text + "\n").map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)
+}
+
+/// What a migration's end means for this VMM: it ends when the guest went
+/// to the destination; otherwise its terminal says the guest runs on.
+struct MigrationWatcher {
+    ended: Arc<crate::migrate::Ended>,
+    vm: VmHandle,
+}
+
+impl MutEventSubscriber for MigrationWatcher {
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new_raw(self.ended.fd(), EventSet::IN)) {
+            log::error!("cannot watch for the end of migrations: {e:?}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        use crate::migrate::Phase;
+        let Some(s) = self.ended.take() else {
+            return;
+        };
+        match s.phase {
+            Phase::Completed => self.vm.exit().signal(VmExit::Migrated(s.to)),
+            phase => eprintln!(
+                "tandem: migration to {} {}: {}; the guest runs on here",
+                s.to,
+                if phase == Phase::Cancelled {
+                    "cancelled"
+                } else {
+                    "failed"
+                },
+                s.error.as_deref().unwrap_or("?"),
+            ),
+        }
+    }
 }
 
 /// Ends the event loop when the VM ends.

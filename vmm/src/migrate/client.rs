@@ -1,30 +1,187 @@
 //! `tandem ctl migrate`: starts a migration through the control API,
-//! follows it (a live progress line on a terminal) and prints its report.
+//! follows it (a live progress line on a terminal) and prints its report,
+//! with `--probe` what the guest felt before vs during it (`crate::probe`).
 //!
 //! Runs in the `tandem ctl` process, not in the VMM. Never does: decide
 //! anything about the migration; it only asks and shows.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::Value;
+use serde_json::{json, Value};
+
+use crate::probe::{self, Probe, ProbeConfig, ProbeError};
 
 use crate::api::{self, ApiError, Request};
+use crate::migrate::{status, Endpoint, Mode};
 
 const POLL: Duration = Duration::from_millis(100);
 
+/// `tandem ctl migrate`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    /// Where: tcp:HOST:PORT or unix:PATH.
+    #[arg(value_parser = |s: &str| s.parse::<Endpoint>())]
+    pub to: Endpoint,
+    /// The longest the guest may stay paused at the switch-over, ms.
+    #[arg(long, value_name = "MS", default_value_t = status::DEFAULT_DOWNTIME_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub downtime_ms: u64,
+    /// Send at most this many MiB/s (default: unlimited).
+    #[arg(long, value_name = "MIB_PER_S", value_parser = clap::value_parser!(u64).range(1..))]
+    pub bandwidth: Option<u64>,
+    /// Throttle the vCPUs step by step when the guest dirties memory
+    /// faster than it is sent.
+    #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub auto_converge: bool,
+    /// Give up after this many seconds (the guest runs on here).
+    #[arg(long, value_name = "S", default_value_t = status::DEFAULT_TIMEOUT_S,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_s: u64,
+    /// Where the migration runs: its own thread, or `inline` in slices
+    /// from the device thread's event loop (as QEMU's I/O thread once did;
+    /// to measure what the thread buys).
+    #[arg(long, value_enum, default_value_t = Mode::Thread)]
+    pub mode: Mode,
+    /// Measure what the guest feels: ping GUEST_IP from here (every
+    /// --probe-interval-ms) and collect the gaps `tandem-jitter HOST_IP:PORT`, run in the guest,
+    /// reports over UDP; the report adds before vs during figures. Runs in
+    /// this command's network namespace.
+    #[arg(long, value_name = "GUEST_IP")]
+    pub probe: Option<Ipv4Addr>,
+    /// The UDP port the guest's `tandem-jitter` sends to.
+    #[arg(long, value_name = "PORT", default_value_t = 7777, requires = "probe")]
+    pub probe_port: u16,
+    /// How often the probe pings the guest, ms.
+    #[arg(long, value_name = "MS", default_value_t = 10, requires = "probe",
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub probe_interval_ms: u64,
+    /// Seconds probed before the migration starts (the "before" figures).
+    #[arg(long, value_name = "S", default_value_t = 3, requires = "probe",
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub probe_before_s: u64,
+    /// Draw the guest's gaps and the ping round trips over time, the
+    /// migration's phases marked, into this PNG file.
+    #[arg(long, value_name = "FILE.png", requires = "probe", value_parser = png_path)]
+    pub plot: Option<PathBuf>,
+    /// Print the report as one JSON object (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A path ending in `.png` (the plot is a PNG, whatever its name).
+fn png_path(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    match p.extension().and_then(|e| e.to_str()) {
+        Some(e) if e.eq_ignore_ascii_case("png") => Ok(p),
+        _ => Err("the plot is a PNG file: give a name ending in .png".into()),
+    }
+}
+
+impl MigrateArgs {
+    /// The API request these arguments make.
+    pub fn request(&self) -> Request {
+        Request::Migrate {
+            to: self.to.to_string(),
+            downtime_ms: self.downtime_ms,
+            bandwidth_mib: self.bandwidth,
+            auto_converge: self.auto_converge,
+            timeout_s: self.timeout_s,
+            mode: self.mode,
+        }
+    }
+}
+
+/// Why `tandem ctl migrate` could not do its part.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("--probe: {0}")]
+    Probe(#[from] ProbeError),
+}
+
+/// `tandem ctl migrate`: returns whether the migration completed.
+pub fn run(sock: &Path, args: &MigrateArgs) -> Result<bool, ClientError> {
+    let probe = match args.probe {
+        Some(guest) => {
+            let listen = SocketAddr::from((Ipv4Addr::UNSPECIFIED, args.probe_port));
+            let mut cfg = ProbeConfig::new(guest, listen);
+            cfg.interval = Duration::from_millis(args.probe_interval_ms);
+            let p = Probe::start(&cfg)?;
+            std::thread::sleep(Duration::from_secs(args.probe_before_s));
+            p.mark("migrate");
+            Some(p)
+        }
+        None => None,
+    };
+    let mark = |label: &str| {
+        if let Some(p) = &probe {
+            p.mark(label);
+        }
+    };
+    let mut last = match follow(sock, &args.request(), !args.json, &mark)? {
+        Ok(last) => last,
+        Err(refusal) => {
+            print_refusal(&refusal, args.json);
+            return Ok(false);
+        }
+    };
+    if let Some(p) = probe {
+        last["probe"] = probe_report(p, args.plot.as_deref());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&last).unwrap_or_default());
+    } else {
+        print!("{}", report_text(&last));
+    }
+    Ok(last["phase"] == "completed")
+}
+
+/// How long the probe goes on after the migration ended.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+
+/// Ends the probe and makes its part of the report (the plot drawn).
+fn probe_report(p: Probe, plot: Option<&Path>) -> Value {
+    std::thread::sleep(PROBE_AFTER);
+    let data = p.finish();
+    let at = |label: &str| data.marks.iter().find(|m| m.label == label).map(|m| m.t_ms);
+    let from = at("migrate").unwrap_or(0.0);
+    let to = at("done").unwrap_or(from);
+    let summary = probe::summarize(&data, (from, to));
+    let mut out = json!({ "summary": summary, "text": summary.text() });
+    if data.reports == 0 {
+        out["warning"] = json!(
+            "no datagram from the guest's tandem-jitter: is it running, sending to this host's port?"
+        );
+    }
+    if let Some(path) = plot {
+        match probe::plot(&data, path) {
+            Ok(()) => out["plot"] = json!(path.display().to_string()),
+            Err(e) => out["plot_error"] = json!(e.to_string()),
+        }
+    }
+    out
+}
+
 /// Starts the migration `req` on the VM at `sock` and follows it to its
-/// end; prints the report (as JSON with `json`). Returns whether it
-/// completed.
-pub fn follow(sock: &Path, req: &Request, json: bool) -> Result<bool, ApiError> {
+/// end (a progress line on a terminal with `show`), telling `mark` of each
+/// new phase; returns its last status, or the refusal.
+pub fn follow(
+    sock: &Path,
+    req: &Request,
+    show: bool,
+    mark: &dyn Fn(&str),
+) -> Result<Result<Value, Value>, ApiError> {
     let answer = api::request(sock, req)?;
     if answer["ok"] != true {
-        print_refusal(&answer, json);
-        return Ok(false);
+        return Ok(Err(answer));
     }
-    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+    let bar = (show && std::io::stderr().is_terminal()).then(|| {
         let b = ProgressBar::new_spinner();
         b.set_style(
             ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}")
@@ -33,6 +190,7 @@ pub fn follow(sock: &Path, req: &Request, json: bool) -> Result<bool, ApiError> 
         b.enable_steady_tick(Duration::from_millis(100));
         b
     });
+    let mut phase = String::new();
     let last = loop {
         std::thread::sleep(POLL);
         let a = api::request(sock, &Request::MigrateStatus {})?;
@@ -40,22 +198,20 @@ pub fn follow(sock: &Path, req: &Request, json: bool) -> Result<bool, ApiError> 
         if let Some(b) = &bar {
             b.set_message(progress_line(&m));
         }
-        if matches!(
-            m["phase"].as_str(),
-            Some("completed" | "failed" | "cancelled")
-        ) {
+        let now = m["phase"].as_str().unwrap_or("?");
+        if now != phase {
+            phase = now.to_owned();
+            mark(&phase);
+        }
+        if matches!(now, "completed" | "failed" | "cancelled") {
+            mark("done");
             break m;
         }
     };
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    if json {
-        println!("{}", serde_json::to_string(&last).unwrap_or_default());
-    } else {
-        print!("{}", report_text(&last));
-    }
-    Ok(last["phase"] == "completed")
+    Ok(Ok(last))
 }
 
 fn print_refusal(answer: &Value, json: bool) {
@@ -108,6 +264,18 @@ pub fn report_text(m: &Value) -> String {
             let budget = m["params"]["downtime_ms"].as_f64().unwrap_or(0.0);
             let over = if d > budget { " (over the budget)" } else { "" };
             out += &format!(", downtime {d:.0} ms of {budget:.0} ms budget{over}\n");
+            let p = &m["downtime_parts"];
+            if p.is_object() {
+                let g = |k: &str| p[k].as_f64().unwrap_or(0.0);
+                out += &format!(
+                    "  downtime: pause {:.1}, last pages {:.1}, state {:.1}, disks {:.1}, handover {:.1} ms\n",
+                    g("pause_ms"),
+                    g("pages_ms"),
+                    g("state_ms"),
+                    g("disks_ms"),
+                    g("handover_ms")
+                );
+            }
         }
         None => out += "\n",
     }
@@ -120,5 +288,16 @@ pub fn report_text(m: &Value) -> String {
         m["rounds"],
         m["throttle"],
     );
+    if let Some(t) = m["probe"]["text"].as_str() {
+        out += t;
+    }
+    for k in ["warning", "plot_error"] {
+        if let Some(w) = m["probe"][k].as_str() {
+            out += &format!("  probe: {w}\n");
+        }
+    }
+    if let Some(p) = m["probe"]["plot"].as_str() {
+        out += &format!("  plot: {p}\n");
+    }
     out
 }

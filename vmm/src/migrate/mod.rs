@@ -10,13 +10,14 @@
 pub mod client;
 pub mod dest;
 pub mod endpoint;
+pub mod inline;
 pub mod pages;
 pub mod source;
 pub mod status;
 
 pub use endpoint::Endpoint;
-pub use source::Migration;
-pub use status::{Params, Phase, Status};
+pub use source::{Ended, Migration};
+pub use status::{Mode, Params, Phase, Status};
 
 use migration::protocol::ProtocolError;
 

@@ -14,6 +14,7 @@ use migration::protocol::{self, MemoryBatch, Message, PageRange, BATCH_PAGES, BA
 use vm_memory::{Bytes, GuestAddress};
 
 use super::endpoint::Conn;
+use super::inline::Slicer;
 use super::status::Params;
 use super::MigrateError;
 use crate::memory::{DirtyBitmap, GuestRam};
@@ -30,6 +31,8 @@ pub struct Stop<'a> {
     /// The time limit and its value in seconds (for the message); `None`
     /// for the stop-and-copy, which is never cut short.
     pub until: Option<(Instant, u64)>,
+    /// Where slices end in `--mode inline` (nothing for the thread).
+    pub slicer: &'a Slicer<'a>,
 }
 
 impl Stop<'_> {
@@ -77,16 +80,14 @@ impl Sent {
         }
     }
 
-    /// Sleeps as long as sending has run ahead of the cap.
-    fn pace(&self, params: &Params) {
+    /// How long to sleep because sending has run ahead of the cap.
+    fn ahead(&self, params: &Params) -> Option<Duration> {
         let (Some(cap), Some(first)) = (params.bandwidth_mib, self.first) else {
-            return;
+            return None;
         };
         let due = self.bytes as f64 / (cap as f64 * f64::from(1 << 20));
         let ahead = due - first.elapsed().as_secs_f64();
-        if ahead > 0.0 {
-            std::thread::sleep(Duration::from_secs_f64(ahead.min(1.0)));
-        }
+        (ahead > 0.0).then(|| Duration::from_secs_f64(ahead.min(1.0)))
     }
 }
 
@@ -94,6 +95,7 @@ impl Sent {
 struct Batcher<'a> {
     conn: &'a mut Conn,
     progress: &'a dyn Fn(&Sent),
+    slicer: &'a Slicer<'a>,
     params: &'a Params,
     sent: &'a mut Sent,
     batch: MemoryBatch,
@@ -141,7 +143,11 @@ impl Batcher<'_> {
         self.sent.bytes += bytes as u64;
         self.data_pages = 0;
         (self.progress)(self.sent);
-        self.sent.pace(self.params);
+        if let Some(sleep) = self.sent.ahead(self.params) {
+            // Inline, the device loop runs while the cap holds us back.
+            self.slicer.release();
+            std::thread::sleep(sleep);
+        }
         Ok(())
     }
 }
@@ -155,6 +161,7 @@ fn batcher<'a>(
     Batcher {
         conn,
         progress: stop.progress,
+        slicer: stop.slicer,
         params,
         sent,
         batch: MemoryBatch::default(),
@@ -176,6 +183,7 @@ pub fn send_all(
         let mut off = 0u64;
         while off < s.bytes {
             stop.check()?;
+            stop.slicer.point();
             let n = (s.bytes - off).min(buf.len() as u64) as usize;
             let chunk = &mut buf[..n];
             ram.mem()
@@ -208,6 +216,7 @@ pub fn send_dirty(
                 continue;
             }
             stop.check()?;
+            stop.slicer.point();
             let first = (span * SPAN_WORDS * 64) as u64;
             ram.clear_dirty_mask(d.slot, first, words)?;
             for (w, &word) in words.iter().enumerate() {

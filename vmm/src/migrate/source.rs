@@ -9,8 +9,9 @@
 //! device thread takes and never waits on them: guest memory is read through
 //! vm-memory's accessors while the guest runs. Only the final stop-and-copy
 //! pauses the VM. It reports through [`Status`] (read by `migrate-status`)
-//! and, once the guest is the destination's, ends the VM through its exit
-//! signal, which wakes the VMM thread's loop.
+//! and, when it ends, to the VMM thread through an eventfd ([`Ended`]):
+//! that thread then ends the VM (the guest is the destination's) or says
+//! on its terminal that the guest runs on here.
 //!
 //! Never does: resume the guest after `Go` was sent (exactly one side runs
 //! it), or leave dirty logging or a throttle on after a failure.
@@ -23,10 +24,12 @@ use std::time::{Duration, Instant};
 use migration::protocol::{self, Command, Message};
 
 use super::endpoint::{Conn, Endpoint};
+use super::inline::Slicer;
 use super::pages::{self, Sent, Stop};
-use super::status::{Params, Phase, Status};
+use super::status::{DowntimeParts, Mode, Params, Phase, Status};
 use super::MigrateError;
-use crate::exit::VmExit;
+use vmm_sys_util::eventfd::EventFd;
+
 use crate::vm::VmHandle;
 
 /// Auto-converge: first throttle, step, and ceiling (QEMU's defaults).
@@ -36,6 +39,41 @@ const THROTTLE_MAX: u8 = 99;
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a completed migration waits for its report to be read.
 const COLLECT_WAIT: Duration = Duration::from_secs(2);
+
+/// The migration thread's word to the VMM thread: an eventfd written when
+/// a migration ends, and its last status.
+pub struct Ended {
+    evt: EventFd,
+    last: Mutex<Option<Status>>,
+}
+
+impl Ended {
+    pub fn new() -> std::io::Result<Ended> {
+        Ok(Ended {
+            evt: EventFd::new(libc::EFD_NONBLOCK)?,
+            last: Mutex::new(None),
+        })
+    }
+
+    fn tell(&self, status: Status) {
+        *devices::bus::lock(&self.last) = Some(status);
+        if let Err(e) = self.evt.write(1) {
+            log::error!("cannot wake the VMM thread: {e}");
+        }
+    }
+
+    /// The eventfd the VMM thread's loop watches.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.evt.as_raw_fd()
+    }
+
+    /// On the VMM thread, once the eventfd fired: how the migration ended.
+    pub fn take(&self) -> Option<Status> {
+        let _ = self.evt.read();
+        devices::bus::lock(&self.last).take()
+    }
+}
 
 /// A migration under way (or ended): its status and how to cancel it.
 pub struct Migration {
@@ -48,8 +86,14 @@ pub struct Migration {
 }
 
 impl Migration {
-    /// Starts the migration thread for `vm` to `to`.
-    pub fn start(vm: VmHandle, to: Endpoint, params: Params) -> std::io::Result<Migration> {
+    /// Starts the migration thread for `vm` to `to`; it tells `ended`
+    /// when it ends.
+    pub fn start(
+        vm: VmHandle,
+        to: Endpoint,
+        params: Params,
+        ended: Arc<Ended>,
+    ) -> std::io::Result<Migration> {
         let status = Arc::new(Mutex::new(Status::new(&to, &params)));
         let cancel = Arc::new(AtomicBool::new(false));
         let collected = Arc::new(AtomicBool::new(false));
@@ -58,15 +102,15 @@ impl Migration {
             .name("migration".into())
             .spawn(move || {
                 migrate(&vm, &to, &params, &st, &c);
-                let done = devices::bus::lock(&st).phase == Phase::Completed;
-                if done {
+                let last = devices::bus::lock(&st).clone();
+                if last.phase == Phase::Completed {
                     // Let a follower read the report before this VMM ends.
                     let t = Instant::now();
                     while !got.load(Ordering::SeqCst) && t.elapsed() < COLLECT_WAIT {
                         std::thread::sleep(Duration::from_millis(10));
                     }
-                    vm.exit().signal(VmExit::Migrated(to.to_string()));
                 }
+                ended.tell(last);
             })?;
         Ok(Migration {
             status,
@@ -114,11 +158,18 @@ fn migrate(
     cancel: &AtomicBool,
 ) {
     let started = Instant::now();
+    let turns = vm.device_turns();
+    let free = || vm.is_paused();
+    let slicer = match params.mode {
+        Mode::Thread => Slicer::thread(),
+        Mode::Inline => Slicer::inline(&turns, &free),
+    };
     let mut run = Run {
         vm,
         params,
         status,
         cancel,
+        slicer: &slicer,
         started,
         sent: Sent::default(),
         throttle: 0,
@@ -160,6 +211,8 @@ struct Run<'a> {
     params: &'a Params,
     status: &'a Mutex<Status>,
     cancel: &'a AtomicBool,
+    /// Where the work may stop for the device loop (`--mode inline`).
+    slicer: &'a Slicer<'a>,
     started: Instant,
     sent: Sent,
     throttle: u8,
@@ -175,7 +228,7 @@ impl Run<'_> {
     }
 
     fn check_going(&self) -> Result<(), MigrateError> {
-        pre_copy_stop(self.cancel, self.started, self.params, &|_| {}).check()
+        pre_copy_stop(self, &|_| {}).check()
     }
 
     /// The whole migration, up to and including `Go`.
@@ -200,7 +253,7 @@ impl Run<'_> {
         let ram = self.vm.ram();
         ram.start_dirty_log()?;
         let progress = progress_to(self.status);
-        let stop = pre_copy_stop(self.cancel, self.started, self.params, &progress);
+        let stop = pre_copy_stop(self, &progress);
         pages::send_all(ram, &mut conn, self.params, &mut self.sent, &stop)?;
         self.round_done(0);
         let pending = self.precopy(&mut conn)?;
@@ -217,8 +270,10 @@ impl Run<'_> {
     ) -> Result<Vec<crate::memory::DirtyBitmap>, MigrateError> {
         let ram = self.vm.ram();
         let mut round = 1;
+        let mut last_look = self.started;
         loop {
             self.check_going()?;
+            self.slicer.point();
             let round_start = Instant::now();
             let dirty = ram.dirty_pages()?;
             let bytes: u64 = dirty.iter().map(|d| d.count()).sum::<u64>() * protocol::PAGE_SIZE;
@@ -228,9 +283,13 @@ impl Run<'_> {
             } else {
                 f64::INFINITY
             };
+            // What the guest dirtied since the last look.
+            let dirty_rate = bytes as f64 / last_look.elapsed().as_secs_f64().max(1e-3);
+            last_look = Instant::now();
             self.update(|s| {
                 s.remaining_bytes = bytes;
                 s.expected_downtime_ms = estimate_ms;
+                s.dirty_rate_mib = dirty_rate / f64::from(1 << 20);
             });
             // Not converging ends at the time limit (check_going), never in
             // a stop-and-copy over the budget.
@@ -239,7 +298,7 @@ impl Run<'_> {
             }
             let before = self.sent.bytes();
             let progress = progress_to(self.status);
-            let stop = pre_copy_stop(self.cancel, self.started, self.params, &progress);
+            let stop = pre_copy_stop(self, &progress);
             pages::send_dirty(ram, conn, &dirty, self.params, &mut self.sent, &stop)?;
             let secs = round_start.elapsed().as_secs_f64().max(1e-3);
             let sent_rate = (self.sent.bytes() - before) as f64 / secs;
@@ -252,7 +311,6 @@ impl Run<'_> {
     /// Auto-converge: one more throttle step when the guest dirtied more
     /// than half of what the round could send.
     fn converge(&mut self, dirty_rate: f64, sent_rate: f64) -> Result<(), MigrateError> {
-        self.update(|s| s.dirty_rate_mib = dirty_rate / f64::from(1 << 20));
         if !self.params.auto_converge || dirty_rate <= sent_rate * 0.5 {
             return Ok(());
         }
@@ -287,40 +345,59 @@ impl Run<'_> {
         pending: Vec<crate::memory::DirtyBitmap>,
     ) -> Result<(), MigrateError> {
         self.check_going()?;
+        // The device loop must reach its gate.
+        self.slicer.release();
+        // While the guest runs: the flush in the downtime is then short.
+        self.vm.flush_disks()?;
         self.update(|s| s.phase = Phase::StopAndCopy);
+        let mut parts = DowntimeParts::default();
+        let mut step = Instant::now();
+        let mut lap = |into: &mut f64| {
+            *into = step.elapsed().as_secs_f64() * 1000.0;
+            step = Instant::now();
+        };
         // A VM the user had paused stays as it is (and is not resumed on
         // failure).
         if !self.vm.is_paused() {
             self.paused_at = Some(Instant::now());
             self.vm.pause()?;
         }
+        lap(&mut parts.pause_ms);
         let ram = self.vm.ram();
         let mut last = ram.dirty_pages()?;
         for (l, p) in last.iter_mut().zip(&pending) {
             crate::memory::or_into(&mut l.bits, &p.bits);
         }
         let progress = progress_to(self.status);
+        let unsliced = Slicer::thread();
         let never = Stop {
             cancel: self.cancel,
             progress: &progress,
             until: None,
+            slicer: &unsliced,
         };
         pages::send_dirty(ram, conn, &last, self.params, &mut self.sent, &never)?;
+        lap(&mut parts.pages_ms);
         let state = self.vm.capture_state()?;
         let image = crate::snapshot::state_image(&state)?;
+        lap(&mut parts.state_ms);
         // The destination takes the disks' locks when the state arrives:
         // one VM at a time holds an image.
         self.vm.hold_disk_locks(false)?;
         self.released_disks = true;
+        lap(&mut parts.disks_ms);
         protocol::write_message(conn, &Message::State(image))?;
         protocol::expect(conn, Command::Ready)?;
+        lap(&mut parts.handover_ms);
         let round = devices::bus::lock(self.status).round + 1;
         self.round_done(round);
+        self.update(|s| s.downtime_parts = Some(parts));
         Ok(())
     }
 
     /// After a failure: the guest runs here again, as before.
     fn roll_back(&mut self) -> Result<(), MigrateError> {
+        self.slicer.release();
         let ram = self.vm.ram();
         let log = ram.stop_dirty_log();
         let throttle = if self.throttle > 0 {
@@ -345,18 +422,14 @@ impl Run<'_> {
     }
 }
 
-/// Cancel and time limit, for the pre-copy.
-fn pre_copy_stop<'a>(
-    cancel: &'a AtomicBool,
-    started: Instant,
-    params: &Params,
-    progress: &'a dyn Fn(&Sent),
-) -> Stop<'a> {
-    let limit = Duration::from_secs(params.timeout_s);
+/// Cancel, time limit and slices, for the pre-copy.
+fn pre_copy_stop<'s>(run: &Run<'s>, progress: &'s dyn Fn(&Sent)) -> Stop<'s> {
+    let limit = Duration::from_secs(run.params.timeout_s);
     Stop {
-        cancel,
+        cancel: run.cancel,
         progress,
-        until: Some((started + limit, params.timeout_s)),
+        until: Some((run.started + limit, run.params.timeout_s)),
+        slicer: run.slicer,
     }
 }
 

@@ -40,6 +40,31 @@ pub struct Params {
     /// Give up (the guest runs on here) after this many seconds.
     #[serde(default = "default_timeout")]
     pub timeout_s: u64,
+    /// Where the migration runs: its own thread, or inline in the device
+    /// loop (to measure the difference).
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+/// Where the migration's work runs (see `migrate::inline`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The dedicated migration thread, beside the device loop.
+    #[default]
+    Thread,
+    /// In slices from the device thread's event loop, between device
+    /// events (how QEMU's I/O thread did it).
+    Inline,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Thread => "thread",
+            Mode::Inline => "inline",
+        })
+    }
 }
 
 impl Default for Params {
@@ -49,6 +74,7 @@ impl Default for Params {
             bandwidth_mib: None,
             auto_converge: true,
             timeout_s: DEFAULT_TIMEOUT_S,
+            mode: Mode::Thread,
         }
     }
 }
@@ -88,6 +114,19 @@ impl Phase {
     }
 }
 
+/// The stop-and-copy's steps, ms each: pausing the VM, the last dirty
+/// pages, capturing and encoding the state, flushing and releasing the
+/// disks, and the state sent until the destination said it holds the
+/// guest. (`Go`, sent after, is part of the downtime, not of these.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DowntimeParts {
+    pub pause_ms: f64,
+    pub pages_ms: f64,
+    pub state_ms: f64,
+    pub disks_ms: f64,
+    pub handover_ms: f64,
+}
+
 /// A migration's progress, and at its end its report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -116,6 +155,8 @@ pub struct Status {
     pub setup_ms: f64,
     /// Source paused to the destination holding the guest, ms.
     pub downtime_ms: Option<f64>,
+    /// Where the downtime went.
+    pub downtime_parts: Option<DowntimeParts>,
     pub total_ms: f64,
     pub error: Option<String>,
 }
@@ -138,6 +179,7 @@ impl Status {
             throttle: 0,
             setup_ms: 0.0,
             downtime_ms: None,
+            downtime_parts: None,
             total_ms: 0.0,
             error: None,
         }
