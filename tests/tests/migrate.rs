@@ -1,30 +1,32 @@
-//! Live migration between two tandem processes on this machine, on a real
-//! guest (the run's base snapshot, restored; no boot): the source's guest
-//! dirties memory natively while `tandem ctl migrate` sends it over a Unix
-//! socket to `tandem run --incoming`. The guest's first NIC sits on a
-//! bridge in the test's namespace with the source's tap and the
-//! destination's, and the host's address is on the bridge, so the host
-//! reaches the guest wherever it runs.
+//! Live migration between tandem processes on this machine, on a real
+//! guest (the run's base snapshot, restored; no boot). The guest's first
+//! NIC sits on a bridge in the test's namespace with the taps of the
+//! source and of both destinations, and the host's address is on the
+//! bridge, so the host reaches the guest wherever it runs.
 //!
-//! First, migrations that fail: a destination with the wrong memory size
-//! (refused before any memory moves), a destination killed mid-stream, one
-//! that cannot converge in its time limit, a cancel; after each the
-//! source's guest runs on. Then one that completes while a TCP stream from
-//! the host runs into the guest: the source exits 0 saying where the guest
-//! went; at the destination the console answers, a memory-resident file
-//! has the checksum it had before, the dirtying loop still runs, the
-//! stream arrived whole, the guest answers pings through the bridge
-//! (which learnt its new port from the destination's self-announce), and
-//! the disk image, handed over at the switch-over (the source releases its
-//! lock, the destination takes it), reads back what the guest synced at
-//! the source and takes writes.
-
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+//! The guest runs a counting loop that dirties memory (awk), `tandem-dirty`
+//! rewriting 32 MiB at a fixed rate, and `tandem-jitter` reporting its
+//! gaps to the host. First, migrations that fail: a destination with the
+//! wrong memory size (refused before any memory moves), one killed
+//! mid-stream, a TCP stream cut half-way, a cancel, one that cannot
+//! converge in its time limit (`--downtime-ms 1 --auto-converge off
+//! --timeout-s 20`); after each the source's guest runs on, unchanged. Then the
+//! dirtying guest migrates (thread mode, Unix socket, with the jitter probe
+//! and its plot) while a TCP stream from the host runs into it; then, made
+//! idle, it migrates again (inline mode, over TCP) with another stream.
+//! After each: the source exits 0 saying where the guest went; the console
+//! answers, a memory-resident file has its old checksum, the counting loop
+//! goes on, the stream arrived whole, the guest answers pings through the
+//! bridge (which learnt its new port from the self-announce), and the disk
+//! image, handed over at each switch-over, reads back what the guest
+//! synced before.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tandem_tests::base::{device_args, disk_copy, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
@@ -35,23 +37,37 @@ const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// The dirtying loop's last count, read with shell builtins only (a new
 /// process beside a busy one is at risk on this host: design.md §9).
 const LAST_COUNT: &str = "while read l; do n=$l; done < /tmp/count; echo $n";
+/// Where the guest's `tandem-jitter` sends its gaps (the probe listens).
+const JITTER_PORT: u16 = 7777;
+
+/// Says how far the test got, and when (its phases' times go to the log).
+fn phase(what: &str) {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(Instant::now).elapsed();
+    eprintln!("[{:6.1} s] {what}", t.as_secs_f64());
+}
 
 fn scratch(what: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tandem-{what}-{}", std::process::id()))
 }
 
-/// `tandem run --incoming unix:SOCK --api-sock SOCK.api` in `ns` with the
-/// base guest's devices on `taps` and `disk`, and `--mem mem`.
-fn destination(ns: &NetNs, sock: &Path, taps: [&str; 2], disk: &Path, mem: &str) -> TestVm {
-    let incoming = format!("unix:{}", sock.display());
-    let api = format!("{}.api", sock.display());
+/// `tandem run --incoming ADDR --api-sock API` in `ns` with the base
+/// guest's devices on `taps` and `disk`, and `--mem mem`.
+fn destination(
+    ns: &NetNs,
+    incoming: &str,
+    api: &Path,
+    taps: [&str; 2],
+    disk: &Path,
+    mem: &str,
+) -> TestVm {
     let mut args: Vec<String> = vec![
         "--incoming".into(),
-        incoming,
+        incoming.into(),
         "--mem".into(),
         mem.into(),
         "--api-sock".into(),
-        api,
+        api.display().to_string(),
     ];
     args.extend(device_args(taps, disk));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -69,18 +85,41 @@ fn destination(ns: &NetNs, sock: &Path, taps: [&str; 2], disk: &Path, mem: &str)
     vm
 }
 
-/// `tandem ctl migrate ... --json`: exit status and the report.
-fn migrate(api: &Path, to: &Path) -> (i32, serde_json::Value) {
-    let to = format!("unix:{}", to.display());
-    ctl(api, &["migrate", &to, "--json"])
+fn unix(sock: &Path) -> String {
+    format!("unix:{}", sock.display())
+}
+
+/// `tandem ctl migrate TO --json OPTS` in `ns`: exit status and report.
+fn migrate(ns: &NetNs, api: &Path, to: &str, opts: &[&str]) -> (i32, serde_json::Value) {
+    let out = migrate_cmd(ns, api, to, opts)
+        .output()
+        .expect("tandem ctl migrate");
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), report)
+}
+
+fn migrate_cmd(ns: &NetNs, api: &Path, to: &str, opts: &[&str]) -> Command {
+    let mut c = ns.command(tandem_bin().to_str().unwrap());
+    c.args([
+        "ctl",
+        "--api-sock",
+        api.to_str().unwrap(),
+        "migrate",
+        to,
+        "--json",
+    ])
+    .args(opts)
+    .stdout(Stdio::piped());
+    c
 }
 
 #[test]
 fn a_running_guest_moves_to_another_tandem() {
     let api = scratch("mig-src.sock");
     let ns = NetNs::new("migrate");
-    ns.add_bridge("br0", &format!("{HOST_IP0}/{PREFIX}"), &["tap0", "tap4"]);
-    // The image both ends use (one at a time: it is handed over).
+    let bridged = ["tap0", "tap2", "tap4"];
+    ns.add_bridge("br0", &format!("{HOST_IP0}/{PREFIX}"), &bridged);
+    // The image every end uses (one at a time: it is handed over).
     let image = disk_copy();
     let mut src = TestVm::restore_base_on(
         &ns,
@@ -90,12 +129,18 @@ fn a_running_guest_moves_to_another_tandem() {
     );
     src.remove_on_drop(image.clone());
 
-    // A file in tmpfs (guest memory) and a loop that dirties memory from
-    // user space (native speed here) while the migration runs.
+    // A file in tmpfs (guest memory) and loops that dirty memory from user
+    // space (native speed here) while the migrations run.
+    phase("restored");
     vm_prepare(&mut src);
+    phase("prepared");
     let sum = src.ok("sha256sum /tmp/m", CMD);
     failed_migrations(&ns, &api, &mut src, &sum);
-    completed_migration(&ns, &api, src, &image, &sum);
+    phase("failures done");
+    let (dst, dst_api) = dirtying_migration(&ns, &api, src, &image, &sum);
+    phase("dirtying migration done");
+    idle_migration(&ns, dst, &dst_api, &image, &sum);
+    phase("idle migration done");
 }
 
 /// Migrations that fail, each leaving the source's guest running.
@@ -104,9 +149,17 @@ fn failed_migrations(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
     // any memory moves; the guest runs on at the source.
     let wrong_sock = scratch("mig-wrong.sock");
     let wrong_disk = disk_copy();
-    let mut wrong = destination(ns, &wrong_sock, ["tap2", "tap3"], &wrong_disk, "256M");
+    let wrong_api = scratch("mig-wrong.api");
+    let mut wrong = destination(
+        ns,
+        &unix(&wrong_sock),
+        &wrong_api,
+        ["tap2", "tap3"],
+        &wrong_disk,
+        "256M",
+    );
     wrong.remove_on_drop(wrong_disk);
-    let (code, report) = migrate(api, &wrong_sock);
+    let (code, report) = migrate(ns, api, &unix(&wrong_sock), &[]);
     assert_eq!(code, 1, "{report}");
     assert_eq!(report["phase"], "failed", "{report}");
     let error = report["error"].as_str().unwrap_or("");
@@ -121,125 +174,278 @@ fn failed_migrations(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
         "{}",
         wrong.stderr()
     );
-    still_running(src, api, sum);
+    still_running(src, api, sum, 1);
 
-    // A destination killed mid-stream, a migration that cannot converge in
-    // its time, a cancel: each leaves the guest running at the source.
+    // A destination killed mid-stream.
     let slow = ["--bandwidth", "4"];
     let (report, mut dst) = migrate_while(ns, api, &slow, TestVm::kill);
-    assert!(
-        report["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("migration stream"),
-        "{report}"
-    );
+    assert_error(&report, "migration stream");
     dst.wait_exit(CMD);
-    still_running(src, api, sum);
-    // (Capped at 2 MiB/s, 1 ms is less than a page's time.)
-    let hopeless = [
-        "--downtime-ms",
-        "1",
-        "--auto-converge",
-        "off",
-        "--timeout-s",
-        "5",
-        "--bandwidth",
-        "2",
-    ];
-    let (report, mut dst) = migrate_while(ns, api, &hopeless, |_| {});
-    assert!(
-        report["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("not done after 5 s"),
-        "{report}"
-    );
-    assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
-    still_running(src, api, sum);
+    still_running(src, api, sum, 2);
+    cut_stream(ns, api, src, sum);
     let (report, mut dst) = migrate_while(ns, api, &slow, |_| {
         let (code, a) = ctl(api, &["migrate-cancel"]);
         assert_eq!(code, 0, "{a}");
     });
     assert_eq!(report["phase"], "cancelled", "{report}");
     assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
-    still_running(src, api, sum);
+    still_running(src, api, sum, 4);
+    hopeless(ns, api, src, sum);
 }
 
-/// The real one, on the same disk image, with the disk mounted and a file
-/// synced to it, and a TCP stream into the guest running across it.
-fn completed_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum: &str) {
+fn assert_error(report: &serde_json::Value, part: &str) {
+    assert!(
+        report["error"].as_str().unwrap_or("").contains(part),
+        "the error says {part:?}: {report}"
+    );
+}
+
+/// A migration over TCP through a forwarder that cuts the stream after
+/// 8 MiB: the source's guest runs on, the destination ends with status 1.
+fn cut_stream(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
+    const CUT_AFTER: u64 = 8 << 20;
+    let disk = disk_copy();
+    let dst_api = scratch("mig-cut.api");
+    let mut dst = destination(
+        ns,
+        "tcp:127.0.0.1:4411",
+        &dst_api,
+        ["tap2", "tap3"],
+        &disk,
+        BASE_MEM,
+    );
+    dst.remove_on_drop(disk);
+    let proxy = cutting_proxy(ns, 4412, 4411, CUT_AFTER);
+    let (code, report) = migrate(ns, api, "tcp:127.0.0.1:4412", &[]);
+    eprintln!("cut migration: {report}");
+    assert_eq!(
+        (code, report["phase"].as_str()),
+        (1, Some("failed")),
+        "{report}"
+    );
+    assert_error(&report, "migration stream");
+    assert_eq!(proxy.join().expect("the forwarder"), CUT_AFTER);
+    assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
+    still_running(src, api, sum, 3);
+}
+
+/// Forwards one connection on 127.0.0.1:`port` (in `ns`) to `to`, passing
+/// `limit` bytes towards it, then cuts both ways; returns what it passed.
+fn cutting_proxy(ns: &NetNs, port: u16, to: u16, limit: u64) -> JoinHandle<u64> {
+    let (ready, listening) = std::sync::mpsc::channel();
+    let proxy = ns.spawn(move || {
+        let l = TcpListener::bind(("127.0.0.1", port)).expect("the forwarder's port");
+        ready.send(()).expect("the test waits");
+        let (mut from, _) = l.accept().expect("the source connects");
+        let mut onto = TcpStream::connect(("127.0.0.1", to)).expect("the destination");
+        let (mut back_from, mut back_to) = (onto.try_clone().unwrap(), from.try_clone().unwrap());
+        std::thread::spawn(move || std::io::copy(&mut back_from, &mut back_to));
+        let passed = std::io::copy(&mut (&mut from).take(limit), &mut onto).expect("forward");
+        let _ = from.shutdown(std::net::Shutdown::Both);
+        let _ = onto.shutdown(std::net::Shutdown::Both);
+        passed
+    });
+    listening
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the forwarder listens");
+    proxy
+}
+
+/// One that cannot converge: a 1 ms budget without auto-converge, sent
+/// at 2 MiB/s, where one page takes 2 ms: however few pages a round finds
+/// dirty, the last copy would be over the budget, so it ends at its time
+/// limit. (At full speed it can converge: this host's vCPUs get stalls of
+/// tens of ms, so every guest's dirtying has quiet windows in which a
+/// round finds a handful of pages, and 30 pages fit in 1 ms.)
+fn hopeless(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
+    let opts = [
+        "--downtime-ms",
+        "1",
+        "--auto-converge",
+        "off",
+        "--timeout-s",
+        "20",
+        "--bandwidth",
+        "2",
+    ];
+    let t = Instant::now();
+    let (report, mut dst) = migrate_while(ns, api, &opts, |_| {});
+    let took = t.elapsed();
+    assert_error(&report, "not done after 20 s");
+    assert!(
+        took >= Duration::from_secs(20) && took < Duration::from_secs(40),
+        "the time limit held: {took:?}"
+    );
+    assert_eq!(report["throttle"], 0, "auto-converge was off: {report}");
+    assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
+    still_running(src, api, sum, 5);
+}
+
+/// The dirtying guest (`tandem-dirty` at 200 MiB/s and the awk loop) moves
+/// over a Unix socket, with the jitter probe, a plot, and a TCP stream
+/// into it; the disk mounted and a file synced to it before. Returns the
+/// destination, where the guest runs now, and its API socket.
+fn dirtying_migration(
+    ns: &NetNs,
+    api: &Path,
+    mut src: TestVm,
+    image: &Path,
+    sum: &str,
+) -> (TestVm, PathBuf) {
     src.ok(
         "mount -t ext4 /dev/vda /mnt && cp /tmp/m /mnt/m && sync",
         CMD,
     );
     let sock = scratch("mig-dst.sock");
-    let mut dst = destination(ns, &sock, ["tap4", "tap5"], image, BASE_MEM);
-    dst.remove_on_drop(image.to_path_buf());
+    let dst_api = scratch("mig-dst.api");
+    let mut dst = destination(
+        ns,
+        &unix(&sock),
+        &dst_api,
+        ["tap4", "tap5"],
+        image,
+        BASE_MEM,
+    );
     // Empty until the guest arrives: it cannot be run or saved.
-    let dst_api = PathBuf::from(format!("{}.api", sock.display()));
     for verb in [&["resume"][..], &["snapshot", "/tmp/tandem-mig-none.snap"]] {
         let (code, a) = ctl(&dst_api, verb);
         assert_eq!(code, 1, "{a}");
-        assert!(
-            a["error"]
-                .as_str()
-                .unwrap_or("")
-                .contains("waits for an incoming migration"),
-            "{a}"
-        );
+        assert_error(&a, "waits for an incoming migration");
     }
-    let blob = pseudo_random(STREAM_BYTES, 11);
-    let want = hex(&Sha256::digest(&blob));
-    src.ok("nc -l -p 5001 </dev/null >/tmp/in & ncpid=$!", CMD);
-    let sender = ns.spawn(move || send_slowly(&blob));
-    std::thread::sleep(Duration::from_secs(1));
-    let (code, report) = migrate(api, &sock);
+    let stream = Stream::start(&mut src, ns, 5001, 11);
+    let plot = std::env::temp_dir().join(format!("tandem-mig-plot-{}.png", std::process::id()));
+    // Every 50 ms: each echo costs the emulated guest kernel milliseconds
+    // here, and 100 a second would load the guest more than the migration.
+    let probe = [
+        "--probe",
+        GUEST_IP0,
+        "--probe-interval-ms",
+        "50",
+        "--plot",
+        plot.to_str().unwrap(),
+    ];
+    phase("dirtying: set up");
+    let (code, report) = migrate(ns, api, &unix(&sock), &probe);
+    phase("dirtying: migrated");
     eprintln!("migration: {report}");
-    assert_eq!(code, 0, "{report}");
-    assert_eq!(report["phase"], "completed", "{report}");
+    assert_eq!(
+        (code, report["phase"].as_str()),
+        (0, Some("completed")),
+        "{report}"
+    );
+    check_report(&report, "thread");
+    check_probe(&report, &plot);
+    source_gone(&mut src, "migrated to unix:");
+    guest_goes_on(&mut dst, sum);
+    phase("dirtying: the guest goes on");
+    stream.check(&mut dst);
+    phase("dirtying: the stream arrived");
+    disk_and_network(&mut dst, ns, sum);
+    (dst, dst_api)
+}
+
+/// The same guest made idle (the dirtying loops ended; a counting loop
+/// that sleeps) moves again, over TCP, in `--mode inline`, with another
+/// stream into it.
+fn idle_migration(ns: &NetNs, mut src: TestVm, api: &Path, image: &Path, sum: &str) {
+    // (`wait` answers 143 for a job ended by SIGTERM.)
+    src.ok("kill %1 %2; wait %1 %2; true", CMD);
+    // Shell builtins only: `read -t` on a FIFO nobody writes is the sleep.
+    src.ok(
+        "mkfifo /tmp/tick; (exec 3<>/tmp/tick; n=0; while :; do n=$((n+1)); \
+         echo $n >> /tmp/count; read -t 1 x <&3; done) &",
+        CMD,
+    );
+    let dst_api = scratch("mig-idle.api");
+    let mut dst = destination(
+        ns,
+        "tcp:127.0.0.1:4421",
+        &dst_api,
+        ["tap2", "tap3"],
+        image,
+        BASE_MEM,
+    );
+    dst.remove_on_drop(image.to_path_buf());
+    let stream = Stream::start(&mut src, ns, 5002, 12);
+    phase("idle: set up");
+    let (code, report) = migrate(ns, api, "tcp:127.0.0.1:4421", &["--mode", "inline"]);
+    phase("idle: migrated");
+    eprintln!("idle migration: {report}");
+    assert_eq!(
+        (code, report["phase"].as_str()),
+        (0, Some("completed")),
+        "{report}"
+    );
+    check_report(&report, "inline");
+    source_gone(&mut src, "migrated to tcp:127.0.0.1:4421");
+    guest_goes_on(&mut dst, sum);
+    stream.check(&mut dst);
+    // The image came along a second time: what the first destination
+    // wrote reads back.
+    dst.ok("echo 3 > /proc/sys/vm/drop_caches", CMD);
+    assert_eq!(dst.ok("cat /mnt/after", CMD), "after");
+    dst.ok("umount /mnt", CMD);
+    ping(ns);
+}
+
+fn check_report(report: &serde_json::Value, mode: &str) {
+    assert_eq!(report["params"]["mode"], mode, "{report}");
     let pages = report["pages"].as_u64().unwrap_or(0);
     assert!(
         pages >= 32768,
         "all of guest RAM was sent at least once: {report}"
     );
     assert!(report["zero_pages"].as_u64().unwrap_or(0) > 0, "{report}");
-    assert!(report["downtime_ms"].as_f64().is_some(), "{report}");
+    let downtime = report["downtime_ms"].as_f64().unwrap_or(f64::NAN);
+    assert!(downtime > 0.0, "the downtime was measured: {report}");
+}
+
+/// The probe saw the guest before and during the migration, and drew it.
+fn check_probe(report: &serde_json::Value, plot: &Path) {
+    let p = &report["probe"];
+    assert!(p["warning"].is_null(), "{p}");
+    for w in ["before", "during"] {
+        let s = &p["summary"][w];
+        assert!(s["pings"].as_u64().unwrap_or(0) > 0, "{w}: {p}");
+        assert!(s["max_gap_ms"].as_f64().is_some(), "{w}: {p}");
+    }
+    let before = &p["summary"]["before"];
+    assert!(before["rtt_avg_ms"].as_f64().is_some(), "replies: {p}");
+    assert!(
+        before["reports"].as_u64().unwrap_or(0) >= 10,
+        "tandem-jitter reported: {p}"
+    );
+    assert!(p["text"].as_str().unwrap_or("").contains("max gap"), "{p}");
+    let png = std::fs::read(plot).expect("the plot was written");
+    let _ = std::fs::remove_file(plot);
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "a PNG: {} bytes",
+        png.len()
+    );
+}
+
+/// The source exited 0 and said where the guest went.
+fn source_gone(src: &mut TestVm, said: &str) {
     let st = src.wait_exit(CMD);
     assert_eq!(st.code(), Some(0), "{}", src.stderr());
-    assert!(
-        src.stderr().contains("migrated to unix:"),
-        "{}",
-        src.stderr()
-    );
+    assert!(src.stderr().contains(said), "{}", src.stderr());
+}
 
-    // The guest runs at the destination, as it was.
+/// The guest runs at the destination, as it was: the console answers, the
+/// file in memory is unchanged, the counting loop counts on.
+fn guest_goes_on(dst: &mut TestVm, sum: &str) {
     dst.ok("true", CMD);
     assert_eq!(dst.ok("sha256sum /tmp/m", CMD), sum);
     let before = dst.ok(LAST_COUNT, CMD);
-    dst.ok("sleep 1", CMD);
-    let after = dst.ok(LAST_COUNT, CMD);
-    assert_ne!(
-        before, after,
-        "the dirtying loop runs on at the destination"
-    );
-    dst.ok("kill %1", CMD);
-    dst.ok("wait $ncpid", CMD);
-    let (sent, end) = sender.join().expect("the sender");
-    assert_eq!(sent, STREAM_BYTES, "the host sent the whole stream");
-    let tcp = dst.ok("grep Tcp: /proc/net/snmp", CMD);
-    eprintln!("stream: {end}; the guest's TCP counters:\n{tcp}");
-    // The shell may first report the finished background job: take the sum.
-    let got = dst.ok("ls -l /tmp/in; sha256sum /tmp/in", CMD);
-    let stream_sum = got
-        .split_whitespace()
-        .find(|t| t.len() == 64 && t.chars().all(|c| c.is_ascii_hexdigit()));
-    assert_eq!(
-        stream_sum,
-        Some(want.as_str()),
-        "the stream across the migration arrived whole: {got}\nstream: {end}\n{tcp}"
-    );
-    disk_and_network(&mut dst, ns, sum);
+    let t = Instant::now();
+    while dst.ok(LAST_COUNT, CMD) == before {
+        assert!(
+            t.elapsed() < CMD,
+            "the counting loop runs on at the destination"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// The disk is the destination's now: what the guest synced reads back
@@ -249,7 +455,11 @@ fn disk_and_network(dst: &mut TestVm, ns: &NetNs, sum: &str) {
     dst.ok("echo 3 > /proc/sys/vm/drop_caches", CMD);
     let on_disk = dst.ok("sha256sum /mnt/m", CMD);
     assert_eq!(on_disk.replace("/mnt/m", "/tmp/m"), sum);
-    dst.ok("echo after > /mnt/after && sync && umount /mnt", CMD);
+    dst.ok("echo after > /mnt/after && sync", CMD);
+    ping(ns);
+}
+
+fn ping(ns: &NetNs) {
     let out = ns
         .command("ping")
         .args(["-c", "3", "-i", "0.2", "-W", "20", GUEST_IP0])
@@ -258,16 +468,61 @@ fn disk_and_network(dst: &mut TestVm, ns: &NetNs, sum: &str) {
     assert!(out.status.success(), "ping the migrated guest: {out:?}");
 }
 
-/// Bytes of the stream sent into the guest across the migration.
+/// Bytes of each stream sent into the guest across a migration.
 const STREAM_BYTES: usize = 2 << 20;
 
-/// Sends `blob` to the guest's port 5001 in 64 KiB pieces 100 ms apart (so
-/// that the stream runs across the migration); returns the bytes sent and
-/// how the connection ended.
-fn send_slowly(blob: &[u8]) -> (usize, String) {
+/// A TCP stream from the host into the guest's `nc`, running across a
+/// migration.
+struct Stream {
+    sender: JoinHandle<(usize, String)>,
+    want: String,
+    file: String,
+}
+
+impl Stream {
+    /// Starts `nc` on `port` in the guest (its pid in `$ncpid`) and the
+    /// sender, which sends slowly so that the stream runs across the
+    /// migration.
+    fn start(vm: &mut TestVm, ns: &NetNs, port: u16, seed: u64) -> Stream {
+        let blob = pseudo_random(STREAM_BYTES, seed);
+        let want = hex(&Sha256::digest(&blob));
+        let file = format!("/tmp/in{port}");
+        vm.ok(
+            &format!("nc -l -p {port} </dev/null >{file} & ncpid=$!"),
+            CMD,
+        );
+        let sender = ns.spawn(move || send_slowly(&blob, port));
+        std::thread::sleep(Duration::from_secs(1));
+        Stream { sender, want, file }
+    }
+
+    /// At the destination: the whole stream arrived, in order.
+    fn check(self, dst: &mut TestVm) {
+        dst.ok("wait $ncpid", CMD);
+        let (sent, end) = self.sender.join().expect("the sender");
+        assert_eq!(sent, STREAM_BYTES, "the host sent the whole stream");
+        let tcp = dst.ok("grep Tcp: /proc/net/snmp", CMD);
+        eprintln!("stream: {end}; the guest's TCP counters:\n{tcp}");
+        // The shell may first report the finished background job: take the sum.
+        let got = dst.ok(&format!("ls -l {0}; sha256sum {0}", self.file), CMD);
+        let sum = got
+            .split_whitespace()
+            .find(|t| t.len() == 64 && t.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(
+            sum,
+            Some(self.want.as_str()),
+            "the stream across the migration arrived whole: {got}\nstream: {end}\n{tcp}"
+        );
+    }
+}
+
+/// Sends `blob` to the guest's `port` in 64 KiB pieces 100 ms apart;
+/// returns the bytes sent and how the connection ended (the guest closes
+/// it once it has read everything).
+fn send_slowly(blob: &[u8], port: u16) -> (usize, String) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut s = loop {
-        match TcpStream::connect((GUEST_IP0, 5001)) {
+        match TcpStream::connect((GUEST_IP0, port)) {
             Ok(s) => break s,
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
             Err(e) => panic!("connect to the guest: {e}"),
@@ -277,7 +532,6 @@ fn send_slowly(blob: &[u8]) -> (usize, String) {
         s.write_all(piece).expect("send to the guest");
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Then wait for the guest to close its end: how the stream ended.
     let _ = s.shutdown(std::net::Shutdown::Write);
     let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
     let mut byte = [0u8; 1];
@@ -300,20 +554,17 @@ fn migrate_while(
 ) -> (serde_json::Value, TestVm) {
     let sock = scratch("mig-fail.sock");
     let disk = disk_copy();
-    let mut dst = destination(ns, &sock, ["tap2", "tap3"], &disk, BASE_MEM);
+    let dst_api = scratch("mig-fail.api");
+    let mut dst = destination(
+        ns,
+        &unix(&sock),
+        &dst_api,
+        ["tap2", "tap3"],
+        &disk,
+        BASE_MEM,
+    );
     dst.remove_on_drop(disk);
-    let to = format!("unix:{}", sock.display());
-    let follower = Command::new(tandem_bin())
-        .args([
-            "ctl",
-            "--api-sock",
-            api.to_str().unwrap(),
-            "migrate",
-            &to,
-            "--json",
-        ])
-        .args(opts)
-        .stdout(Stdio::piped())
+    let follower = migrate_cmd(ns, api, &unix(&sock), opts)
         .spawn()
         .expect("tandem ctl migrate");
     std::thread::sleep(Duration::from_secs(1));
@@ -328,24 +579,49 @@ fn migrate_while(
 }
 
 /// The source's guest runs and answers, its file unchanged, and the dirty
-/// log is off again.
-fn still_running(src: &mut TestVm, api: &Path, sum: &str) {
+/// log is off again; its VMM said so for the `failures`-th time.
+fn still_running(src: &mut TestVm, api: &Path, sum: &str, failures: usize) {
     let (code, a) = ctl(api, &["status"]);
     assert_eq!((code, a["state"].as_str()), (0, Some("running")), "{a}");
     assert_eq!(src.ok("sha256sum /tmp/m", CMD), sum);
     let (_, a) = ctl(api, &["dirty-log", "read"]);
     assert_eq!(a["error"], "the dirty log is off (dirty_log start)", "{a}");
+    let t = Instant::now();
+    while src.stderr().matches("; the guest runs on here").count() < failures {
+        assert!(
+            t.elapsed() < CMD,
+            "the source's VMM said so: {}",
+            src.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    phase(&format!("failure {failures}: the source's guest runs on"));
 }
 
 /// Writes /tmp/m (about 1 MiB of pseudo-random text, in 64 writes: each
-/// syscall is costly here) and starts the dirtying loop (job 1), which
-/// appends the number of each pass to /tmp/count.
+/// syscall is costly here), starts `tandem-dirty` rewriting 32 MiB at
+/// 200 MiB/s (job 1), the counting loop that dirties memory (job 2,
+/// appending the number of each pass to /tmp/count) and `tandem-jitter`
+/// reporting to the host (job 3).
 fn vm_prepare(vm: &mut TestVm) {
     vm.ok(
         "awk 'BEGIN{srand(3); for(i=0;i<2048;i++) s=s sprintf(\"%08x\", rand()*2147483648); \
          for(j=0;j<64;j++) printf \"%d%s\", j, s}' > /tmp/m",
         CMD,
     );
+    // Its first touch of each page is a page fault in the emulated kernel
+    // here (some 30 s for 32 MiB): alone, before the other loops, and
+    // waited for, so that it dirties at its rate from then on.
+    vm.ok("tandem-dirty 32 200 > /tmp/dirty.out &", CMD);
+    let t = Instant::now();
+    while !vm
+        .ok("read l < /tmp/dirty.out; echo $l", CMD)
+        .contains("ready")
+    {
+        assert!(t.elapsed() < 3 * CMD, "tandem-dirty set up in time");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    eprintln!("{}", vm.ok("read l < /tmp/dirty.out; echo $l", CMD));
     vm.ok(
         "awk 'BEGIN{for(;;){for(i=0;i<50000;i++)a[i]=i+n; n++; print n >> \"/tmp/count\"; fflush()}}' &",
         CMD,
@@ -353,6 +629,10 @@ fn vm_prepare(vm: &mut TestVm) {
     vm.ok(
         "for i in 1 2 3 4 5 6 7 8 9 10; do test -s /tmp/count && break; sleep 1; done; \
          test -s /tmp/count",
+        CMD,
+    );
+    vm.ok(
+        &format!("tandem-jitter {HOST_IP0}:{JITTER_PORT} > /tmp/jitter.out &"),
         CMD,
     );
 }
