@@ -19,6 +19,11 @@
 //! pings through the bridge (which learnt its new port from the
 //! self-announce), and the disk image, handed over at the switch-over,
 //! reads back what the guest synced before.
+//!
+//! Beside it (the other test thread, its own namespace), an idle guest
+//! moves twice: in `--mode inline` over TCP, then on from that destination
+//! to a third tandem in the default thread mode, with a TCP stream running
+//! across both moves and the disk handed over twice.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -138,6 +143,96 @@ fn a_running_guest_moves_to_another_tandem() {
     phase("failures done");
     dirtying_migration(&ns, &api, src, &image, &sum);
     phase("dirtying migration done");
+}
+
+/// The idle guest's stream: 512 KiB, 16 KiB every 400 ms (some 13 s),
+/// so that it runs across the first move at least.
+const IDLE: Pace = Pace {
+    bytes: 512 << 10,
+    piece: 16 << 10,
+    every: Duration::from_millis(400),
+};
+
+/// An idle guest (a file in memory, the counting loop, nothing dirtying)
+/// moves in `--mode inline` over TCP, then on from that destination to a
+/// third tandem in thread mode over a Unix socket: each move completes,
+/// each VMM it left exits 0, and the guest goes on at each destination;
+/// a TCP stream started before the first move arrives whole at the last,
+/// and the disk is handed over twice.
+#[test]
+fn an_idle_guest_moves_twice() {
+    let api = scratch("idle-src.sock");
+    let ns = NetNs::new("migidle");
+    ns.add_bridge(
+        "br0",
+        &format!("{HOST_IP0}/{PREFIX}"),
+        &["tap0", "tap2", "tap4"],
+    );
+    let image = disk_copy();
+    let mut src = TestVm::restore_base_on(
+        &ns,
+        ["tap0", "tap1"],
+        &image,
+        &["--api-sock", api.to_str().unwrap()],
+    );
+    src.remove_on_drop(image.clone());
+    write_file(&mut src);
+    start_counting(&mut src);
+    let sum = src.ok("sha256sum /tmp/m", CMD);
+    phase("idle: prepared");
+
+    // First move: inline, over TCP (loopback in the test's namespace).
+    let api1 = scratch("idle-1.api");
+    let mut first = destination(
+        &ns,
+        "tcp:127.0.0.1:4421",
+        &api1,
+        ["tap2", "tap3"],
+        &image,
+        BASE_MEM,
+    );
+    let stream = Stream::start(&mut src, &ns, 5002, 12, IDLE);
+    let (code, report) = migrate(&ns, &api, "tcp:127.0.0.1:4421", &["--mode", "inline"]);
+    phase("idle: moved inline");
+    eprintln!("inline migration: {report}");
+    assert_eq!(
+        (code, report["phase"].as_str()),
+        (0, Some("completed")),
+        "{report}"
+    );
+    assert!(stream.running(), "the stream runs across the first move");
+    check_report(&report, "inline");
+    source_gone(&mut src, "migrated to tcp:127.0.0.1:4421");
+    guest_goes_on(&mut first, &sum);
+
+    // Second move, from the first destination: thread mode, Unix socket.
+    let sock2 = scratch("idle-2.sock");
+    let mut second = destination(
+        &ns,
+        &unix(&sock2),
+        &scratch("idle-2.api"),
+        ["tap4", "tap5"],
+        &image,
+        BASE_MEM,
+    );
+    let streaming = stream.running();
+    let (code, report) = migrate(&ns, &api1, &unix(&sock2), &[]);
+    phase(&format!(
+        "idle: moved again (the stream {} running)",
+        if streaming { "still" } else { "no longer" }
+    ));
+    eprintln!("chained migration: {report}");
+    assert_eq!(
+        (code, report["phase"].as_str()),
+        (0, Some("completed")),
+        "{report}"
+    );
+    check_report(&report, "thread");
+    source_gone(&mut first, "migrated to unix:");
+    guest_goes_on(&mut second, &sum);
+    stream.check(&mut second);
+    ping(&ns);
+    phase("idle: the guest goes on after two moves");
 }
 
 /// Migrations that fail, each leaving the source's guest running.
@@ -311,7 +406,7 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
         assert_eq!(code, 1, "{a}");
         assert_error(&a, "waits for an incoming migration");
     }
-    let stream = Stream::start(&mut src, ns, 5001, 11);
+    let stream = Stream::start(&mut src, ns, 5001, 11, LOADED);
     let plot = std::env::temp_dir().join(format!("tandem-mig-plot-{}.png", std::process::id()));
     // Every 50 ms: each echo costs the emulated guest kernel milliseconds
     // here, and 100 a second would load the guest more than the migration.
@@ -423,8 +518,24 @@ fn ping(ns: &NetNs) {
     assert!(out.status.success(), "ping the migrated guest: {out:?}");
 }
 
-/// Bytes of each stream sent into the guest across a migration.
-const STREAM_BYTES: usize = 2 << 20;
+/// How a stream is sent: its bytes, in pieces of `piece` bytes `every`
+/// apart.
+#[derive(Clone, Copy)]
+struct Pace {
+    bytes: usize,
+    piece: usize,
+    every: Duration,
+}
+
+/// The dirtying guest's stream: 512 KiB, 64 KiB every 100 ms. That guest
+/// (tandem-jitter's 1 ms loop, tandem-dirty, the probe's pings, all on one
+/// vCPU whose kernel is emulated here) takes in some 14 KiB/s, on the
+/// source as at the destination, so the stream lasts well past the move.
+const LOADED: Pace = Pace {
+    bytes: 512 << 10,
+    piece: 64 << 10,
+    every: Duration::from_millis(100),
+};
 
 /// A TCP stream from the host into the guest's `nc`, running across a
 /// migration.
@@ -432,30 +543,41 @@ struct Stream {
     sender: JoinHandle<(usize, String)>,
     want: String,
     file: String,
+    bytes: usize,
 }
 
 impl Stream {
     /// Starts `nc` on `port` in the guest (its pid in `$ncpid`) and the
     /// sender, which sends slowly so that the stream runs across the
     /// migration.
-    fn start(vm: &mut TestVm, ns: &NetNs, port: u16, seed: u64) -> Stream {
-        let blob = pseudo_random(STREAM_BYTES, seed);
+    fn start(vm: &mut TestVm, ns: &NetNs, port: u16, seed: u64, pace: Pace) -> Stream {
+        let blob = pseudo_random(pace.bytes, seed);
         let want = hex(&Sha256::digest(&blob));
         let file = format!("/tmp/in{port}");
         vm.ok(
             &format!("nc -l -p {port} </dev/null >{file} & ncpid=$!"),
             CMD,
         );
-        let sender = ns.spawn(move || send_slowly(&blob, port));
+        let sender = ns.spawn(move || send_slowly(&blob, port, pace));
         std::thread::sleep(Duration::from_secs(1));
-        Stream { sender, want, file }
+        Stream {
+            sender,
+            want,
+            file,
+            bytes: pace.bytes,
+        }
+    }
+
+    /// Whether the host is still sending (or waiting for the guest's end).
+    fn running(&self) -> bool {
+        !self.sender.is_finished()
     }
 
     /// At the destination: the whole stream arrived, in order.
     fn check(self, dst: &mut TestVm) {
         dst.ok("wait $ncpid", CMD);
         let (sent, end) = self.sender.join().expect("the sender");
-        assert_eq!(sent, STREAM_BYTES, "the host sent the whole stream");
+        assert_eq!(sent, self.bytes, "the host sent the whole stream");
         let tcp = dst.ok("grep Tcp: /proc/net/snmp", CMD);
         eprintln!("stream: {end}; the guest's TCP counters:\n{tcp}");
         // The shell may first report the finished background job: take the sum.
@@ -471,10 +593,10 @@ impl Stream {
     }
 }
 
-/// Sends `blob` to the guest's `port` in 64 KiB pieces 100 ms apart;
-/// returns the bytes sent and how the connection ended (the guest closes
-/// it once it has read everything).
-fn send_slowly(blob: &[u8], port: u16) -> (usize, String) {
+/// Sends `blob` to the guest's `port` at `pace`; returns the bytes sent
+/// and how the connection ended (the guest closes it once it has read
+/// everything).
+fn send_slowly(blob: &[u8], port: u16, pace: Pace) -> (usize, String) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut s = loop {
         match TcpStream::connect((GUEST_IP0, port)) {
@@ -483,9 +605,9 @@ fn send_slowly(blob: &[u8], port: u16) -> (usize, String) {
             Err(e) => panic!("connect to the guest: {e}"),
         }
     };
-    for piece in blob.chunks(64 << 10) {
+    for piece in blob.chunks(pace.piece) {
         s.write_all(piece).expect("send to the guest");
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(pace.every);
     }
     let _ = s.shutdown(std::net::Shutdown::Write);
     let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
@@ -562,11 +684,7 @@ fn still_running(src: &mut TestVm, api: &Path, sum: &str, failures: usize) {
 /// builtins only, `read -t` on a FIFO nobody writes is the sleep: the
 /// guest has one vCPU, which a busy loop would take from the shell).
 fn vm_prepare(vm: &mut TestVm) {
-    vm.ok(
-        "awk 'BEGIN{srand(3); for(i=0;i<2048;i++) s=s sprintf(\"%08x\", rand()*2147483648); \
-         for(j=0;j<64;j++) printf \"%d%s\", j, s}' > /tmp/m",
-        CMD,
-    );
+    write_file(vm);
     vm.ok("tandem-dirty 32 16 > /tmp/dirty.out &", CMD);
     let t = Instant::now();
     while !vm
@@ -581,6 +699,20 @@ fn vm_prepare(vm: &mut TestVm) {
         &format!("tandem-jitter {HOST_IP0}:{JITTER_PORT} > /tmp/jitter.out &"),
         CMD,
     );
+    start_counting(vm);
+}
+
+/// Writes /tmp/m: about 1 MiB of pseudo-random text, in 64 writes.
+fn write_file(vm: &mut TestVm) {
+    vm.ok(
+        "awk 'BEGIN{srand(3); for(i=0;i<2048;i++) s=s sprintf(\"%08x\", rand()*2147483648); \
+         for(j=0;j<64;j++) printf \"%d%s\", j, s}' > /tmp/m",
+        CMD,
+    );
+}
+
+/// The counting loop (see [`vm_prepare`]).
+fn start_counting(vm: &mut TestVm) {
     vm.ok(
         "mkfifo /tmp/tick; (exec 3<>/tmp/tick; n=0; while :; do n=$((n+1)); \
          echo $n >> /tmp/count; read -t 1 x <&3; done) &",
