@@ -1,0 +1,1 @@
+//! TODO: compare (being written)

@@ -1,0 +1,1 @@
+//! TODO: conntrack (being written)

@@ -1,0 +1,1 @@
+//! TODO: failover (being written)

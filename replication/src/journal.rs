@@ -1,0 +1,1 @@
+//! TODO: journal (being written)

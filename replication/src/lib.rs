@@ -1,0 +1,37 @@
+//! COLO fault tolerance, the pure parts (../shared/design.md §6): no KVM,
+//! no threads, no sockets of its own. `vmm` owns the threads, the VMs and
+//! the wire; it drives these types with frames, times and events, and
+//! implements the traits they need. Every module is unit-tested alone.
+//!
+//! The network side (the primary's compare thread):
+//! - [`packet`]: a frame from a tap, parsed once (etherparse) into what
+//!   the compare needs: TCP (connection, seq, ack, flags, payload), UDP,
+//!   ICMP, or pass-through (ARP, anything unparseable).
+//! - [`conntrack`]: connections keyed the same way both directions, with
+//!   the secondary's sequence offset for each TCP connection.
+//! - [`rewrite`]: rewriting a secondary TCP segment's sequence (and a
+//!   client segment's ack towards the secondary) by that offset, with the
+//!   checksum updated incrementally.
+//! - [`compare`]: primary and secondary frames queued per connection and
+//!   matched; a match releases primary frames, a mismatch or a frame held
+//!   past the compare timeout asks for a checkpoint, a full queue drops
+//!   and counts.
+//!
+//! The control side (the VMM thread and the checkpoint thread):
+//! - [`schedule`]: when the next checkpoint is due, and why.
+//! - [`failover`]: roles, the pair's state, the heartbeat, and who may
+//!   serve after a failure, decided by an [`arbiter`] (a lease), never
+//!   guessed.
+//! - [`arbiter`]: the lease trait and the one-host lock-file lease.
+//! - [`journal`]: the secondary's disk: the primary's writes journaled
+//!   until a checkpoint commits, its own guest's writes in an overlay
+//!   dropped at each checkpoint and merged at failover.
+
+pub mod arbiter;
+pub mod compare;
+pub mod conntrack;
+pub mod failover;
+pub mod journal;
+pub mod packet;
+pub mod rewrite;
+pub mod schedule;

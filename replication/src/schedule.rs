@@ -1,0 +1,1 @@
+//! TODO: schedule (being written)
