@@ -4,7 +4,8 @@
 #   target/guest/bzImage         the same kernel as a bzImage
 #   target/guest/initramfs.cpio  uncompressed busybox initramfs, /init built
 #                                from resources/initramfs/init.c, with the
-#                                guest tools (resources/guest-tools/*.c, static
+#                                guest tools (resources/guest-tools/*.c and the
+#                                tool.h they share, static
 #                                with musl: a few KiB each instead of glibc's
 #                                ~750 KiB, which the guest kernel would copy
 #                                into its page cache at every boot)
@@ -95,7 +96,7 @@ build_kernel() {
 
 build_initramfs() {
     local key file root
-    key=$( (pkgver busybox-static; pkgver musl-tools; pkgver gcc; cat "$here/initramfs/init.c" "$here"/guest-tools/*.c;
+    key=$( (pkgver busybox-static; pkgver musl-tools; pkgver gcc; cat "$here/initramfs/init.c" "$here"/guest-tools/*.c "$here"/guest-tools/*.h;
         sed -n '/^build_initramfs()/,/^}/p' "$0") | sha256sum | cut -c1-16)
     file="$cache/initramfs-$key.cpio"
     if [ -f "$file" ]; then

@@ -46,7 +46,7 @@ pkgver() { dpkg-query -W -f='${Version}' "$1"; }
 build_rootfs() {
     local key file root applet tool
     key=$( (pkgver busybox-static; pkgver e2fsprogs; pkgver gcc; pkgver libc6-dev; pkgver musl-tools; echo "$size"
-        cat "$here/initramfs/init.c" "$here/rootfs/blktool.c" "$here"/guest-tools/*.c
+        cat "$here/initramfs/init.c" "$here/rootfs/blktool.c" "$here"/guest-tools/*.c "$here"/guest-tools/*.h
         sed -n '/^build_rootfs()/,/^}/p' "$0") | sha256sum | cut -c1-16)
     file="$cache/rootfs-$key.ext4"
     if [ -f "$file" ]; then

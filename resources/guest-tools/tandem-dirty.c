@@ -21,41 +21,12 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "tool.h"
+
 #define PAGE 4096
 #define HUGE_PAGE (2u << 20)
 #define SLICE_NS 10000000ull
 
-static volatile sig_atomic_t stop;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
-}
-
-/* A plain unsigned decimal no larger than max, or -1. */
-static int parse_u64(const char *s, uint64_t max, uint64_t *out)
-{
-	uint64_t v = 0;
-	if (!*s)
-		return -1;
-	for (; *s; s++) {
-		if (*s < '0' || *s > '9')
-			return -1;
-		v = v * 10 + (uint64_t)(*s - '0');
-		if (v > max)
-			return -1;
-	}
-	*out = v;
-	return 0;
-}
 
 int main(int argc, char **argv)
 {

@@ -37,6 +37,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tool.h"
+
 #define RING 32
 #define MAX_DATAGRAM 1400
 
@@ -44,38 +46,7 @@ struct gap {
 	uint64_t id, end_ns, len_ns;
 };
 
-static volatile sig_atomic_t stop;
 static struct gap ring[RING];
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
-}
-
-/* A plain unsigned decimal no larger than max, or -1. */
-static int parse_u64(const char *s, uint64_t max, uint64_t *out)
-{
-	uint64_t v = 0;
-	if (!*s)
-		return -1;
-	for (; *s; s++) {
-		if (*s < '0' || *s > '9')
-			return -1;
-		v = v * 10 + (uint64_t)(*s - '0');
-		if (v > max)
-			return -1;
-	}
-	*out = v;
-	return 0;
-}
 
 static int usage(void)
 {
