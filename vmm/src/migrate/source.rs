@@ -264,17 +264,22 @@ impl Run<'_> {
 
     /// Rounds while the last dirty set would take longer than the downtime
     /// budget to send; returns the set left for the stop-and-copy.
+    ///
+    /// At each look (a harvest of the dirty log) the window since the last
+    /// look gives the guest's dirty rate and what was sent meanwhile; from
+    /// the second look on, auto-converge takes one throttle step when the
+    /// guest dirtied more than half of what was sent in that window (see
+    /// [`next_throttle`]).
     fn precopy(
         &mut self,
         conn: &mut Conn,
     ) -> Result<Vec<crate::memory::DirtyBitmap>, MigrateError> {
         let ram = self.vm.ram();
         let mut round = 1;
-        let mut last_look = self.started;
+        let (mut last_look, mut sent_at_look) = (self.started, self.sent.bytes());
         loop {
             self.check_going()?;
             self.slicer.point();
-            let round_start = Instant::now();
             let dirty = ram.dirty_pages()?;
             let bytes: u64 = dirty.iter().map(|d| d.count()).sum::<u64>() * protocol::PAGE_SIZE;
             let rate = self.sent.rate(self.started);
@@ -283,9 +288,11 @@ impl Run<'_> {
             } else {
                 f64::INFINITY
             };
-            // What the guest dirtied since the last look.
-            let dirty_rate = bytes as f64 / last_look.elapsed().as_secs_f64().max(1e-3);
-            last_look = Instant::now();
+            // What the guest dirtied, and what went out, since the last look.
+            let window = last_look.elapsed().as_secs_f64().max(1e-3);
+            let dirty_rate = bytes as f64 / window;
+            let sent_rate = (self.sent.bytes() - sent_at_look) as f64 / window;
+            (last_look, sent_at_look) = (Instant::now(), self.sent.bytes());
             self.update(|s| {
                 s.remaining_bytes = bytes;
                 s.expected_downtime_ms = estimate_ms;
@@ -296,30 +303,27 @@ impl Run<'_> {
             if estimate_ms <= self.params.downtime_ms as f64 {
                 return Ok(dirty);
             }
-            let before = self.sent.bytes();
+            if round > 1 {
+                self.converge(dirty_rate, sent_rate)?;
+            }
             let progress = progress_to(self.status);
             let stop = pre_copy_stop(self, &progress);
             pages::send_dirty(ram, conn, &dirty, self.params, &mut self.sent, &stop)?;
-            let secs = round_start.elapsed().as_secs_f64().max(1e-3);
-            let sent_rate = (self.sent.bytes() - before) as f64 / secs;
-            self.converge(bytes as f64 / secs, sent_rate)?;
             self.round_done(round);
             round += 1;
         }
     }
 
-    /// Auto-converge: one more throttle step when the guest dirtied more
-    /// than half of what the round could send.
+    /// Auto-converge: one more throttle step when [`next_throttle`] says so.
     fn converge(&mut self, dirty_rate: f64, sent_rate: f64) -> Result<(), MigrateError> {
-        if !self.params.auto_converge || dirty_rate <= sent_rate * 0.5 {
+        if !self.params.auto_converge {
             return Ok(());
         }
-        self.throttle = match self.throttle {
-            0 => THROTTLE_FIRST,
-            t => t.saturating_add(THROTTLE_STEP).min(THROTTLE_MAX),
+        let Some(t) = next_throttle(self.throttle, dirty_rate, sent_rate) else {
+            return Ok(());
         };
-        self.vm.throttle(self.throttle)?;
-        let t = self.throttle;
+        self.throttle = t;
+        self.vm.throttle(t)?;
         self.update(|s| s.throttle = t);
         Ok(())
     }
@@ -422,6 +426,20 @@ impl Run<'_> {
     }
 }
 
+/// The throttle after a look at which the guest dirtied `dirty_rate`
+/// bytes/s while `sent_rate` bytes/s went out: one step up (QEMU's
+/// defaults: 20 %, then +10 %, at most 99 %) when dirtying outpaces half
+/// of sending, else `None` (the throttle stays).
+fn next_throttle(current: u8, dirty_rate: f64, sent_rate: f64) -> Option<u8> {
+    if dirty_rate <= sent_rate * 0.5 || current >= THROTTLE_MAX {
+        return None;
+    }
+    Some(match current {
+        0 => THROTTLE_FIRST,
+        t => t.saturating_add(THROTTLE_STEP).min(THROTTLE_MAX),
+    })
+}
+
 /// Cancel, time limit and slices, for the pre-copy.
 fn pre_copy_stop<'s>(run: &Run<'s>, progress: &'s dyn Fn(&Sent)) -> Stop<'s> {
     let limit = Duration::from_secs(run.params.timeout_s);
@@ -440,5 +458,27 @@ fn progress_to(status: &Mutex<Status>) -> impl Fn(&Sent) + '_ {
         s.sent_bytes = sent.bytes();
         s.pages = sent.pages();
         s.zero_pages = sent.zero_pages();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: f64 = (1 << 20) as f64;
+
+    #[test]
+    fn the_throttle_steps_only_when_dirtying_outpaces_half_the_sending() {
+        // 52 MiB/s dirtied while 128 MiB/s went out: more than half? no.
+        assert_eq!(next_throttle(0, 52.0 * MIB, 128.0 * MIB), None);
+        assert_eq!(next_throttle(0, 64.0 * MIB, 128.0 * MIB), None);
+        assert_eq!(next_throttle(0, 65.0 * MIB, 128.0 * MIB), Some(20));
+        assert_eq!(next_throttle(20, 200.0 * MIB, 128.0 * MIB), Some(30));
+        assert_eq!(next_throttle(90, 200.0 * MIB, 128.0 * MIB), Some(99));
+        assert_eq!(next_throttle(99, 200.0 * MIB, 128.0 * MIB), None);
+        // Nothing went out in the window (a stalled stream): any dirtying
+        // outpaces it.
+        assert_eq!(next_throttle(0, 1.0, 0.0), Some(20));
+        assert_eq!(next_throttle(0, 0.0, 0.0), None);
     }
 }
