@@ -7,8 +7,10 @@
 //! [`CMDLINE`] (kvm-clock, eth0 and eth1 configured and up), two NICs
 //! (net0 `rsc=off` with [`MAC0`], net1 `rsc=on` with [`MAC1`]) and one
 //! read-write disk (a [`DISK_BYTES`] ext4 image with id [`DISK_ID`], not
-//! mounted). It boots in a namespace of its own on bare taps that carry no
-//! traffic, so a restored guest holds no neighbour entries of that host side.
+//! mounted), its console quiet (`dmesg -n 1`: a kernel message would land in
+//! the middle of a command's output). It boots in a namespace of its own on
+//! bare taps that carry no traffic, so a restored guest holds no neighbour
+//! entries of that host side.
 //!
 //! Sharing: test.sh exports `TANDEM_TEST_BASE`, a directory of its own per
 //! run, removed at exit. The first test (of any test binary, on any thread)
@@ -108,6 +110,7 @@ fn base_dir() -> (PathBuf, bool) {
         h.update([0]);
     }
     h.update(DISK_BYTES.to_le_bytes());
+    h.update(QUIET_CONSOLE);
     for f in [
         tandem_bin(),
         guest_file("vmlinux"),
@@ -222,6 +225,9 @@ fn prune_other_keys(dir: &Path) {
     }
 }
 
+/// What the base guest runs once booted, before its snapshot.
+const QUIET_CONSOLE: &str = "dmesg -n 1";
+
 /// `tandem run` arguments that boot the base guest (on taps tap0 and tap1).
 fn boot_args(disk: &Path, sock: &Path) -> Vec<String> {
     let path = |p: PathBuf| p.to_str().expect("UTF-8 path").to_string();
@@ -270,6 +276,10 @@ fn create(dir: &Path, b: &Base) {
     );
     vm.wait_ready();
     eprintln!("base guest booted in {:.0} s", t.elapsed().as_secs_f64());
+    // Kernel messages (e.g. "hrtimer: interrupt took N ns" under load)
+    // would land in the middle of a command's output on the console: only
+    // emergencies reach it in the base and every restore of it.
+    vm.ok(QUIET_CONSOLE, crate::CMD_TIMEOUT);
     let (code, p) = ctl(&sock, &["pause"]);
     assert_eq!(code, 0, "pause the base guest: {p}");
     let (code, s) = ctl(&sock, &["snapshot", b.snapshot.to_str().unwrap()]);
