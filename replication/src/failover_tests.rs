@@ -573,3 +573,24 @@ fn commits_after_the_pair_broke_are_refused() {
     ));
     assert!(p.connection_lost(&mut pa).is_empty());
 }
+
+/// What `colo-status` and the metrics JSON will show: snake_case names.
+#[test]
+fn states_and_reasons_serialize_in_snake_case() {
+    let name = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        name(serde_json::json!(State::PrimaryAlone)),
+        "primary_alone"
+    );
+    assert_eq!(name(serde_json::json!(State::FailingOver)), "failing_over");
+    assert_eq!(name(serde_json::json!(State::FailedOver)), "failed_over");
+    assert_eq!(name(serde_json::json!(Role::Secondary)), "secondary");
+    assert_eq!(
+        name(serde_json::json!(crate::schedule::Reason::Mismatch)),
+        "mismatch"
+    );
+    assert_eq!(
+        name(serde_json::json!(crate::schedule::Reason::Queue)),
+        "queue"
+    );
+}
