@@ -117,13 +117,14 @@ fn migrate_cmd(ns: &NetNs, api: &Path, to: &str, opts: &[&str]) -> Command {
     c
 }
 
-#[test]
-fn a_running_guest_moves_to_another_tandem() {
-    let api = scratch("mig-src.sock");
-    let ns = NetNs::new("migrate");
-    let bridged = ["tap0", "tap4"];
-    ns.add_bridge("br0", &format!("{HOST_IP0}/{PREFIX}"), &bridged);
-    // The image every end uses (one at a time: it is handed over).
+/// The source of a test: namespace `tag` with a bridge holding the host's
+/// address and the taps `bridged` (the source's eth0 is tap0), the base
+/// guest restored there with an API socket, and the disk image every end
+/// uses (one at a time: it is handed over), removed with the source.
+fn source(tag: &str, bridged: &[&str]) -> (NetNs, PathBuf, PathBuf, TestVm) {
+    let api = scratch(&format!("{tag}-src.sock"));
+    let ns = NetNs::new(tag);
+    ns.add_bridge("br0", &format!("{HOST_IP0}/{PREFIX}"), bridged);
     let image = disk_copy();
     let mut src = TestVm::restore_base_on(
         &ns,
@@ -132,6 +133,21 @@ fn a_running_guest_moves_to_another_tandem() {
         &["--api-sock", api.to_str().unwrap()],
     );
     src.remove_on_drop(image.clone());
+    (ns, api, image, src)
+}
+
+/// A migration that completed (`tandem ctl migrate` exit status 0).
+fn assert_completed(code: i32, report: &serde_json::Value) {
+    assert_eq!(
+        (code, report["phase"].as_str()),
+        (0, Some("completed")),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_running_guest_moves_to_another_tandem() {
+    let (ns, api, image, mut src) = source("migrate", &["tap0", "tap4"]);
 
     // A file in tmpfs (guest memory) and loops that dirty memory from user
     // space (native speed here) while the migrations run.
@@ -161,21 +177,7 @@ const IDLE: Pace = Pace {
 /// and the disk is handed over twice.
 #[test]
 fn an_idle_guest_moves_twice() {
-    let api = scratch("idle-src.sock");
-    let ns = NetNs::new("migidle");
-    ns.add_bridge(
-        "br0",
-        &format!("{HOST_IP0}/{PREFIX}"),
-        &["tap0", "tap2", "tap4"],
-    );
-    let image = disk_copy();
-    let mut src = TestVm::restore_base_on(
-        &ns,
-        ["tap0", "tap1"],
-        &image,
-        &["--api-sock", api.to_str().unwrap()],
-    );
-    src.remove_on_drop(image.clone());
+    let (ns, api, image, mut src) = source("migidle", &["tap0", "tap2", "tap4"]);
     write_file(&mut src);
     start_counting(&mut src);
     let sum = src.ok("sha256sum /tmp/m", CMD);
@@ -195,11 +197,7 @@ fn an_idle_guest_moves_twice() {
     let (code, report) = migrate(&ns, &api, "tcp:127.0.0.1:4421", &["--mode", "inline"]);
     phase("idle: moved inline");
     eprintln!("inline migration: {report}");
-    assert_eq!(
-        (code, report["phase"].as_str()),
-        (0, Some("completed")),
-        "{report}"
-    );
+    assert_completed(code, &report);
     assert!(stream.running(), "the stream runs across the first move");
     check_report(&report, "inline");
     source_gone(&mut src, "migrated to tcp:127.0.0.1:4421");
@@ -222,11 +220,7 @@ fn an_idle_guest_moves_twice() {
         if streaming { "still" } else { "no longer" }
     ));
     eprintln!("chained migration: {report}");
-    assert_eq!(
-        (code, report["phase"].as_str()),
-        (0, Some("completed")),
-        "{report}"
-    );
+    assert_completed(code, &report);
     check_report(&report, "thread");
     source_gone(&mut first, "migrated to unix:");
     guest_goes_on(&mut second, &sum);
@@ -422,11 +416,7 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
     let (code, report) = migrate(ns, api, &unix(&sock), &probe);
     phase("dirtying: migrated");
     eprintln!("migration: {report}");
-    assert_eq!(
-        (code, report["phase"].as_str()),
-        (0, Some("completed")),
-        "{report}"
-    );
+    assert_completed(code, &report);
     check_report(&report, "thread");
     check_probe(&report, &plot);
     source_gone(&mut src, "migrated to unix:");
