@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod device;
 pub mod disk;
+pub mod frozen;
 pub mod handler;
 pub mod metrics;
 pub mod request;

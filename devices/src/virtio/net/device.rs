@@ -91,15 +91,21 @@ const OFFERED: u64 = CSUM
     | STATUS
     | VIRTIO_RING_F_EVENT_IDX;
 
+/// Opens the tap of `config` as the device uses it (its send buffer set).
+pub fn open_tap(config: &NetConfig) -> Result<Tap, TapError> {
+    let tap = Tap::open(&config.tap)?;
+    if let Some(bytes) = config.sndbuf {
+        // Bounded to 1 GiB by the caller; the ioctl takes an int.
+        tap.set_sndbuf(i32::try_from(bytes).unwrap_or(i32::MAX))?;
+    }
+    Ok(tap)
+}
+
 impl Net {
     /// Opens the tap and builds the device on it. `activate_evt` is
     /// written when the driver starts the device.
     pub fn new(config: NetConfig, activate_evt: EventFd) -> Result<Net, TapError> {
-        let tap = Tap::open(&config.tap)?;
-        if let Some(bytes) = config.sndbuf {
-            // Bounded to 1 GiB by the caller; the ioctl takes an int.
-            tap.set_sndbuf(i32::try_from(bytes).unwrap_or(i32::MAX))?;
-        }
+        let tap = open_tap(&config)?;
         Ok(Net::with_backend(config, Box::new(tap), activate_evt))
     }
 
