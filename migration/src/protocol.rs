@@ -37,6 +37,15 @@
 //! Go       empty: the guest is the destination's; the source never runs
 //!          it again
 //! Abandon  a reason (UTF-8): the sender gives up; the source runs the guest
+//!
+//! COLO (a primary/secondary pair on one stream, after Go; see below):
+//! Protect     4 heartbeat interval ms, 4 heartbeat timeout ms
+//! Heartbeat   empty (the primary asks, the secondary answers)
+//! Checkpoint  8 epoch: pause, and tell me what you wrote
+//! Dirty       4 span count N; N x (8 gpa, 4 pages): the pages the
+//!             secondary's guest wrote since the last committed checkpoint
+//! Commit      empty: the checkpoint (Memory x n, State) is whole
+//! Committed   empty: the secondary applied it, paused
 //! ```
 //!
 //! # Sequence
@@ -58,6 +67,30 @@
 //!   exits: the guest left                  its MAC
 //! ```
 //!
+//! A COLO pair starts as a migration whose source keeps its guest: after
+//! `Go` both run, and the stream goes on:
+//!
+//! ```text
+//! primary (colo thread)                  secondary (--colo secondary)
+//!   Protect --------------------------->   dirty log on, heartbeat timer
+//!   Heartbeat ------------------------->   (any message is a sign of life)
+//!   <------------------------------------  Heartbeat
+//!   Checkpoint e ---------------------->   pauses its guest
+//!   <------------------------------------  Dirty (its pages since e-1)
+//!   pauses its guest
+//!   Memory x n (its dirty pages OR the -->  buffered, checked, not applied
+//!   secondary's)
+//!   State ----------------------------->   buffered, checked
+//!   Commit ---------------------------->   writes the pages, applies the
+//!                                          state: an exact copy
+//!   <------------------------------------  Committed
+//!   resumes                                resumes
+//! ```
+//!
+//! A checkpoint that does not arrive whole is dropped: the secondary's
+//! guest goes on from its own state (the pages it wrote stay owed to the
+//! next checkpoint).
+//!
 //! Until the source has sent `Go`, any failure (a refusal, a broken
 //! stream, a timeout, a cancel) ends the migration with the source's guest
 //! resumed; the destination never runs a guest without `Go`. Once `Go` is
@@ -66,6 +99,8 @@
 use std::io::{self, Read, Write};
 
 use crate::manifest::Manifest;
+
+pub mod colo;
 
 /// The first bytes of a migration stream.
 pub const MAGIC: [u8; 8] = *b"TNDMMIG\0";
@@ -153,6 +188,12 @@ pub enum Command {
     Ready = 6,
     Go = 7,
     Abandon = 8,
+    Protect = 9,
+    Heartbeat = 10,
+    Checkpoint = 11,
+    Dirty = 12,
+    Commit = 13,
+    Committed = 14,
 }
 
 impl Command {
@@ -166,6 +207,12 @@ impl Command {
             6 => Command::Ready,
             7 => Command::Go,
             8 => Command::Abandon,
+            9 => Command::Protect,
+            10 => Command::Heartbeat,
+            11 => Command::Checkpoint,
+            12 => Command::Dirty,
+            13 => Command::Commit,
+            14 => Command::Committed,
             other => return Err(ProtocolError::UnknownCommand(other)),
         })
     }
@@ -181,6 +228,12 @@ impl Command {
             Command::Ready => "Ready",
             Command::Go => "Go",
             Command::Abandon => "Abandon",
+            Command::Protect => "Protect",
+            Command::Heartbeat => "Heartbeat",
+            Command::Checkpoint => "Checkpoint",
+            Command::Dirty => "Dirty",
+            Command::Commit => "Commit",
+            Command::Committed => "Committed",
         }
     }
 }
@@ -262,6 +315,12 @@ pub enum Message {
     Ready,
     Go,
     Abandon(String),
+    Protect(colo::Timing),
+    Heartbeat,
+    Checkpoint { epoch: u64 },
+    Dirty(Vec<colo::Span>),
+    Commit,
+    Committed,
 }
 
 impl Message {
@@ -276,6 +335,12 @@ impl Message {
             Message::Ready => Command::Ready,
             Message::Go => Command::Go,
             Message::Abandon(_) => Command::Abandon,
+            Message::Protect(_) => Command::Protect,
+            Message::Heartbeat => Command::Heartbeat,
+            Message::Checkpoint { .. } => Command::Checkpoint,
+            Message::Dirty(_) => Command::Dirty,
+            Message::Commit => Command::Commit,
+            Message::Committed => Command::Committed,
         }
     }
 
@@ -290,10 +355,18 @@ impl Message {
                 command: "Config",
                 msg: e.to_string(),
             })?,
-            Message::Accept | Message::Ready | Message::Go => Vec::new(),
+            Message::Accept
+            | Message::Ready
+            | Message::Go
+            | Message::Heartbeat
+            | Message::Commit
+            | Message::Committed => Vec::new(),
             Message::Memory(b) => encode_batch(b)?,
             Message::State(image) => image.clone(),
             Message::Abandon(why) => why.as_bytes().to_vec(),
+            Message::Protect(t) => t.encode(),
+            Message::Checkpoint { epoch } => epoch.to_le_bytes().to_vec(),
+            Message::Dirty(spans) => colo::encode_spans(spans),
         })
     }
 }
@@ -415,6 +488,19 @@ fn decode(command: Command, p: Vec<u8>) -> Result<Message> {
         Command::Abandon => Ok(Message::Abandon(
             String::from_utf8_lossy(&p).chars().take(1000).collect(),
         )),
+        Command::Heartbeat => empty(Message::Heartbeat),
+        Command::Commit => empty(Message::Commit),
+        Command::Committed => empty(Message::Committed),
+        Command::Protect => colo::Timing::decode(&p).map(Message::Protect),
+        Command::Checkpoint => <[u8; 8]>::try_from(p.as_slice())
+            .map(|b| Message::Checkpoint {
+                epoch: u64::from_le_bytes(b),
+            })
+            .map_err(|_| ProtocolError::Malformed {
+                command: "Checkpoint",
+                msg: format!("{} bytes", p.len()),
+            }),
+        Command::Dirty => colo::decode_spans(&p).map(Message::Dirty),
     }
 }
 

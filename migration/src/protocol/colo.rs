@@ -1,0 +1,209 @@
+//! The payloads of COLO's messages on the migration stream (see the
+//! sequence in [`super`]): the pair's heartbeat timing, and the pages the
+//! secondary's guest wrote, as spans of pages.
+//!
+//! Pure: encodes and decodes. Everything read is hostile: a span list is
+//! decoded exactly (no trailing bytes, no empty span, no overflow), and is
+//! checked against the receiver's layout with [`check_spans`] before it is
+//! used.
+
+use super::{ProtocolError, PAGE_SIZE};
+
+/// The pair's heartbeat, set by the primary at `colo-start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How often the primary asks for a heartbeat, ms.
+    pub heartbeat_ms: u32,
+    /// The peer is lost when nothing came from it for this long, ms.
+    pub timeout_ms: u32,
+}
+
+impl Timing {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut p = self.heartbeat_ms.to_le_bytes().to_vec();
+        p.extend_from_slice(&self.timeout_ms.to_le_bytes());
+        p
+    }
+
+    pub(super) fn decode(p: &[u8]) -> Result<Timing, ProtocolError> {
+        let malformed = |msg: String| ProtocolError::Malformed {
+            command: "Protect",
+            msg,
+        };
+        let b: [u8; 8] = p
+            .try_into()
+            .map_err(|_| malformed(format!("{} bytes", p.len())))?;
+        let t = Timing {
+            heartbeat_ms: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            timeout_ms: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+        };
+        if t.heartbeat_ms == 0 || t.timeout_ms <= t.heartbeat_ms {
+            return Err(malformed(format!(
+                "heartbeat {} ms with a timeout of {} ms",
+                t.heartbeat_ms, t.timeout_ms
+            )));
+        }
+        Ok(t)
+    }
+}
+
+/// Pages `gpa..gpa + pages * PAGE_SIZE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub gpa: u64,
+    pub pages: u32,
+}
+
+const SPAN_ENTRY: usize = 12;
+
+pub(super) fn encode_spans(spans: &[Span]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(4 + SPAN_ENTRY * spans.len());
+    p.extend_from_slice(&(spans.len() as u32).to_le_bytes());
+    for s in spans {
+        p.extend_from_slice(&s.gpa.to_le_bytes());
+        p.extend_from_slice(&s.pages.to_le_bytes());
+    }
+    p
+}
+
+pub(super) fn decode_spans(p: &[u8]) -> Result<Vec<Span>, ProtocolError> {
+    let malformed = |msg: String| ProtocolError::Malformed {
+        command: "Dirty",
+        msg,
+    };
+    let (count, rest) = p
+        .split_first_chunk::<4>()
+        .ok_or_else(|| malformed("no span count".into()))?;
+    let count = u32::from_le_bytes(*count) as usize;
+    if count.checked_mul(SPAN_ENTRY) != Some(rest.len()) {
+        return Err(malformed(format!("{count} spans in {} bytes", rest.len())));
+    }
+    rest.chunks_exact(SPAN_ENTRY)
+        .map(|e| {
+            let mut gpa = [0u8; 8];
+            gpa.copy_from_slice(&e[..8]);
+            let mut pages = [0u8; 4];
+            pages.copy_from_slice(&e[8..]);
+            let s = Span {
+                gpa: u64::from_le_bytes(gpa),
+                pages: u32::from_le_bytes(pages),
+            };
+            if s.pages == 0 {
+                return Err(malformed(format!("an empty span at {:#x}", s.gpa)));
+            }
+            Ok(s)
+        })
+        .collect()
+}
+
+/// Checks every span against `layout` (the receiver's regions as
+/// `(gpa, length)`): page-aligned, each inside one region.
+pub fn check_spans(spans: &[Span], layout: &[(u64, u64)]) -> Result<(), ProtocolError> {
+    for s in spans {
+        let bytes = u64::from(s.pages) * PAGE_SIZE;
+        let inside = s.gpa.is_multiple_of(PAGE_SIZE)
+            && s.gpa.checked_add(bytes).is_some_and(|end| {
+                layout
+                    .iter()
+                    .any(|&(start, len)| s.gpa >= start && end <= start + len)
+            });
+        if !inside {
+            return Err(ProtocolError::OutsideMemory {
+                gpa: s.gpa,
+                pages: s.pages,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The spans of consecutive pages among `pages` (sorted ascending).
+pub fn spans_of(pages: impl IntoIterator<Item = u64>) -> Vec<Span> {
+    let mut out: Vec<Span> = Vec::new();
+    for gpa in pages {
+        match out.last_mut() {
+            Some(s) if s.gpa + u64::from(s.pages) * PAGE_SIZE == gpa && s.pages < u32::MAX => {
+                s.pages += 1
+            }
+            _ => out.push(Span { gpa, pages: 1 }),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{read_message, write_message, Message};
+    use super::*;
+
+    fn round_trip(m: &Message) -> Result<Message, ProtocolError> {
+        let mut buf = Vec::new();
+        write_message(&mut buf, m)?;
+        read_message(&mut buf.as_slice())
+    }
+
+    #[test]
+    fn colo_messages_round_trip() {
+        let spans = spans_of([0, 4096, 8192, 0x10_0000, 0x10_1000]);
+        assert_eq!(
+            spans,
+            vec![
+                Span { gpa: 0, pages: 3 },
+                Span {
+                    gpa: 0x10_0000,
+                    pages: 2
+                }
+            ]
+        );
+        for m in [
+            Message::Protect(Timing {
+                heartbeat_ms: 100,
+                timeout_ms: 1000,
+            }),
+            Message::Heartbeat,
+            Message::Checkpoint { epoch: 7 },
+            Message::Dirty(spans),
+            Message::Dirty(Vec::new()),
+            Message::Commit,
+            Message::Committed,
+        ] {
+            assert_eq!(round_trip(&m).ok(), Some(m));
+        }
+    }
+
+    #[test]
+    fn bad_colo_payloads_are_refused() {
+        assert!(Timing::decode(&[1, 0, 0, 0]).is_err());
+        // A timeout not above the interval.
+        assert!(Timing::decode(&[100, 0, 0, 0, 100, 0, 0, 0]).is_err());
+        assert!(Timing::decode(&[0; 8]).is_err());
+        // Count and bytes disagree; an empty span; a huge count.
+        assert!(decode_spans(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]).is_err());
+        assert!(decode_spans(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(decode_spans(&[0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(decode_spans(&[]).is_err());
+    }
+
+    #[test]
+    fn spans_outside_the_layout_are_refused() {
+        let layout = [(0, 1 << 20)];
+        let ok = [Span {
+            gpa: 0xff000,
+            pages: 1,
+        }];
+        assert!(check_spans(&ok, &layout).is_ok());
+        for bad in [
+            Span {
+                gpa: 0xff000,
+                pages: 2,
+            },
+            Span { gpa: 1, pages: 1 },
+            Span {
+                gpa: u64::MAX - 4095,
+                pages: 1,
+            },
+        ] {
+            assert!(check_spans(&[bad], &layout).is_err());
+        }
+    }
+}
