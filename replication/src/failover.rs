@@ -300,6 +300,16 @@ impl Failover {
         Ok(actions)
     }
 
+    /// The primary ends the pair for a reason of its own (`why`): it goes
+    /// on alone under the same lease rules as after a lost secondary.
+    /// Nothing for a secondary or a pair already over.
+    pub fn give_up(&mut self, why: &str, arbiter: &mut dyn Arbiter) -> Vec<Action> {
+        if self.role != Role::Primary || !self.pair_alive() {
+            return Vec::new();
+        }
+        self.peer_lost(why.to_string(), arbiter)
+    }
+
     /// The caller finished the takeover: the secondary serves.
     pub fn takeover_complete(&mut self) -> Result<(), FailoverError> {
         if self.state != State::FailingOver || !self.takeover_issued {

@@ -594,3 +594,20 @@ fn states_and_reasons_serialize_in_snake_case() {
         "queue"
     );
 }
+
+#[test]
+fn a_primary_giving_up_goes_alone_with_its_reason() {
+    let (mut pa, mut sa, shared) = pair_of_mocks();
+    let t0 = Instant::now();
+    let (mut p, mut s) = protected_pair(t0, &mut pa);
+    // A secondary cannot give up; nothing changes.
+    assert!(s.give_up("no", &mut sa).is_empty());
+    assert_eq!(s.state(), State::Protected);
+    let a = p.give_up("the guest wrote to a disk", &mut pa);
+    assert_eq!(a, vec![Action::StopReplication, Action::GoAlone]);
+    assert_eq!(p.state(), State::PrimaryAlone);
+    assert_eq!(shared.lock().unwrap().mark, Some(6));
+    assert!(p.status(t0).reason.unwrap().contains("disk"));
+    // Once the pair is over, again is nothing.
+    assert!(p.give_up("again", &mut pa).is_empty());
+}

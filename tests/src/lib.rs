@@ -307,6 +307,13 @@ impl TestVm {
         stdin.flush().expect("flush to tandem");
     }
 
+    /// Numbers this console's next commands from `n` on: for a VM whose
+    /// guest went on from another's state (a COLO secondary), whose
+    /// markers are in its output already.
+    pub fn number_from(&mut self, n: u32) {
+        self.seq = n;
+    }
+
     /// Runs a shell command in the guest and returns its output (trimmed)
     /// and exit status.
     pub fn run(&mut self, cmd: &str, timeout: Duration) -> (String, i32) {

@@ -21,6 +21,12 @@
 //!                                  -> {"ok":true,"migration":{status}} (started; fields optional)
 //! {"cmd":"migrate_status"}         -> {"ok":true,"migration":{"phase":...,"round":...,...}}
 //! {"cmd":"migrate_cancel"}         -> {"ok":true,"migration":{...}} (the guest runs on here)
+//! {"cmd":"colo_start","to":"tcp:H:P"|"unix:PATH","checkpoint_period_ms":20000,
+//!  "heartbeat_ms":100,"heartbeat_timeout_ms":1000,"lease":"/tmp/F.lock"}
+//!                                  -> {"ok":true,"colo":{report}} (started; fields optional)
+//! {"cmd":"colo_status"}            -> {"ok":true,"colo":{"role":...,"state":...,...}}
+//! {"cmd":"colo_failover"}          -> {"ok":true,"colo":{...}} (asked; the side acts on it)
+//! {"cmd":"colo_checkpoint"}        -> {"ok":true,"colo":{...}} (asked, on the primary)
 //! ```
 //! Any failure is `{"ok":false,"error":"..."}`; a malformed request, an
 //! oversized line or a client that goes away never affects the VM.
@@ -142,6 +148,23 @@ pub enum Request {
     },
     MigrateStatus {},
     MigrateCancel {},
+    /// Makes this running VM the primary of a COLO pair with the secondary
+    /// waiting at `to` (`tandem run --colo secondary`); answers at once.
+    ColoStart {
+        #[serde(deserialize_with = "field::endpoint")]
+        to: String,
+        #[serde(default = "field::default_period")]
+        checkpoint_period_ms: u64,
+        #[serde(default = "field::default_heartbeat")]
+        heartbeat_ms: u32,
+        #[serde(default = "field::default_heartbeat_timeout")]
+        heartbeat_timeout_ms: u32,
+        #[serde(default)]
+        lease: Option<PathBuf>,
+    },
+    ColoStatus {},
+    ColoFailover {},
+    ColoCheckpoint {},
 }
 
 /// What `dirty_log` does: turn KVM's dirty log on, read (and reset) what
@@ -197,6 +220,18 @@ mod field {
 
     pub fn default_timeout() -> u64 {
         crate::migrate::status::DEFAULT_TIMEOUT_S
+    }
+
+    pub fn default_period() -> u64 {
+        crate::colo::DEFAULT_PERIOD_MS
+    }
+
+    pub fn default_heartbeat() -> u32 {
+        crate::colo::DEFAULT_HEARTBEAT_MS
+    }
+
+    pub fn default_heartbeat_timeout() -> u32 {
+        crate::colo::DEFAULT_HEARTBEAT_TIMEOUT_MS
     }
 
     pub fn default_true() -> bool {
@@ -272,6 +307,23 @@ pub trait Control {
     fn migrate_cancel(&mut self) -> Result<Value, VmOpError> {
         Err(VmOpError::Unavailable("migration"))
     }
+    /// Starts a COLO pair with this VM as its primary.
+    fn colo_start(&mut self, _params: crate::colo::Params) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("COLO"))
+    }
+    /// This VM's side of its COLO pair; `failover` and `checkpoint` ask
+    /// the side for one first.
+    fn colo(&mut self, _ask: ColoAsk) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("COLO"))
+    }
+}
+
+/// What a COLO verb asks of the side besides its report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColoAsk {
+    Status,
+    Failover,
+    Checkpoint,
 }
 
 impl Request {
@@ -339,6 +391,28 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         }
         Request::MigrateStatus {} => answer(ctl.migrate_status()),
         Request::MigrateCancel {} => answer(ctl.migrate_cancel()),
+        Request::ColoStart {
+            to,
+            checkpoint_period_ms,
+            heartbeat_ms,
+            heartbeat_timeout_ms,
+            lease,
+        } => match to.parse::<crate::migrate::Endpoint>() {
+            Ok(to) => {
+                let lease = lease.unwrap_or_else(|| crate::colo::default_lease(&to));
+                answer(ctl.colo_start(crate::colo::Params {
+                    to,
+                    checkpoint_period_ms,
+                    heartbeat_ms,
+                    heartbeat_timeout_ms,
+                    lease,
+                }))
+            }
+            Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),
+        },
+        Request::ColoStatus {} => answer(ctl.colo(ColoAsk::Status)),
+        Request::ColoFailover {} => answer(ctl.colo(ColoAsk::Failover)),
+        Request::ColoCheckpoint {} => answer(ctl.colo(ColoAsk::Checkpoint)),
     }
 }
 
@@ -528,276 +602,4 @@ pub fn request(path: &Path, req: &Request) -> Result<Value, ApiError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Default)]
-    struct Fake {
-        paused: bool,
-        shutdown: bool,
-    }
-
-    impl Control for Fake {
-        fn status(&mut self) -> Value {
-            json!({"state": if self.paused {"paused"} else {"running"}})
-        }
-        fn pause(&mut self) -> Result<f64, VmOpError> {
-            if self.paused {
-                return Err(VmOpError::AlreadyPaused);
-            }
-            self.paused = true;
-            Ok(1.0)
-        }
-        fn resume(&mut self) -> Result<(), VmOpError> {
-            if !self.paused {
-                return Err(VmOpError::NotPaused);
-            }
-            self.paused = false;
-            Ok(())
-        }
-        fn metrics(&mut self) -> Value {
-            json!({"net": []})
-        }
-        fn shutdown(&mut self) {
-            self.shutdown = true;
-        }
-        fn snapshot(&mut self, _: &Path) -> Result<Value, VmOpError> {
-            Err(VmOpError::Unavailable("snapshots"))
-        }
-    }
-
-    #[test]
-    fn verbs() {
-        let mut f = Fake::default();
-        assert_eq!(
-            handle_line(br#"{"cmd":"status"}"#, &mut f)["state"],
-            "running"
-        );
-        assert_eq!(handle_line(br#"{"cmd":"pause"}"#, &mut f)["ok"], true);
-        assert_eq!(
-            handle_line(br#"{"cmd":"status"}"#, &mut f)["state"],
-            "paused"
-        );
-        let again = handle_line(br#"{"cmd":"pause"}"#, &mut f);
-        assert_eq!(again["ok"], false);
-        assert_eq!(again["error"], "the VM is already paused");
-        assert_eq!(handle_line(br#"{"cmd":"resume"}"#, &mut f)["ok"], true);
-        assert_eq!(
-            handle_line(br#"{"cmd":"metrics"}"#, &mut f)["metrics"]["net"],
-            json!([])
-        );
-        assert_eq!(
-            handle_line(br#"{"cmd":"snapshot","path":"/tmp/x"}"#, &mut f)["ok"],
-            false
-        );
-        assert_eq!(
-            Request::parse(br#"{"cmd":"profile_start"}"#).unwrap(),
-            Request::ProfileStart { hz: 1000 }
-        );
-        assert_eq!(
-            Request::parse(br#"{"cmd":"profile_start","hz":250}"#).unwrap(),
-            Request::ProfileStart { hz: 250 }
-        );
-        let a = handle_line(br#"{"cmd":"profile_stop","path":"/tmp/p"}"#, &mut f);
-        assert_eq!(a["error"], "profiling is not available");
-        assert_eq!(
-            Request::parse(br#"{"cmd":"dirty_log","action":"read"}"#).unwrap(),
-            Request::DirtyLog {
-                action: DirtyLogAction::Read
-            }
-        );
-        assert_eq!(
-            Request::parse(br#"{"cmd":"throttle","percent":60}"#).unwrap(),
-            Request::Throttle { percent: 60 }
-        );
-        let a = handle_line(br#"{"cmd":"dirty_log","action":"start"}"#, &mut f);
-        assert_eq!(a["error"], "the dirty log is not available");
-        assert_eq!(handle_line(br#"{"cmd":"shutdown"}"#, &mut f)["ok"], true);
-        assert!(f.shutdown);
-    }
-
-    #[test]
-    fn bad_requests_get_json_errors() {
-        let mut f = Fake::default();
-        for bad in [
-            &b"not json"[..],
-            b"{}",
-            b"[]",
-            b"{\"cmd\":\"reboot\"}",
-            b"{\"cmd\":\"status\",\"extra\":1}",
-            b"{\"cmd\":\"snapshot\"}",
-            b"{\"cmd\":7}",
-            b"{\"cmd\":\"snapshot\",\"path\":\"\"}",
-            b"{\"cmd\":\"snapshot\",\"path\":1}",
-            b"{\"cmd\":\"profile_start\",\"hz\":0}",
-            b"{\"cmd\":\"profile_start\",\"hz\":100000}",
-            b"{\"cmd\":\"profile_start\",\"hz\":\"fast\"}",
-            b"{\"cmd\":\"profile_start\",\"hz\":-1}",
-            b"{\"cmd\":\"profile_stop\"}",
-            b"{\"cmd\":\"dirty_log\"}",
-            b"{\"cmd\":\"throttle\"}",
-            b"{\"cmd\":\"throttle\",\"percent\":100}",
-            b"{\"cmd\":\"throttle\",\"percent\":-5}",
-            b"{\"cmd\":\"dirty_log\",\"action\":\"clear\"}",
-            b"{\"cmd\":\"dirty_log\",\"action\":1}",
-            b"{\"cmd\":\"profile_stop\",\"path\":\"x\",\"hz\":1}",
-            b"\xff\xfe",
-            b"[\"status\"]",
-            b"[\"snapshot\",\"/tmp/x\"]",
-            b"{\"cmd\":\"status\",\"cmd\":\"pause\"}",
-            b"{\"cmd\":\"snapshot\",\"path\":\"a\",\"path\":\"b\"}",
-            b"{\"cmd\":\"status\"} {\"cmd\":\"pause\"}",
-            b"{\"cmd\":\"throttle\",\"percent\":1.5}",
-            b"{\"cmd\":\"throttle\",\"percent\":null}",
-        ] {
-            let a = handle_line(bad, &mut f);
-            assert_eq!(a["ok"], false, "{}", String::from_utf8_lossy(bad));
-            assert!(a["error"].as_str().unwrap().starts_with("bad request"));
-        }
-        assert!(!f.paused && !f.shutdown);
-    }
-
-    /// `tandem ctl` serializes the same type: the wire format of each verb.
-    #[test]
-    fn requests_serialize_to_the_documented_lines_and_back() {
-        for (req, line) in [
-            (Request::Status {}, r#"{"cmd":"status"}"#),
-            (Request::Pause {}, r#"{"cmd":"pause"}"#),
-            (Request::Resume {}, r#"{"cmd":"resume"}"#),
-            (Request::Metrics {}, r#"{"cmd":"metrics"}"#),
-            (Request::Shutdown {}, r#"{"cmd":"shutdown"}"#),
-            (
-                Request::Snapshot {
-                    path: "/tmp/s".into(),
-                },
-                r#"{"cmd":"snapshot","path":"/tmp/s"}"#,
-            ),
-            (
-                Request::ProfileStart { hz: 1000 },
-                r#"{"cmd":"profile_start","hz":1000}"#,
-            ),
-            (
-                Request::ProfileStop {
-                    path: "/tmp/p".into(),
-                },
-                r#"{"cmd":"profile_stop","path":"/tmp/p"}"#,
-            ),
-            (
-                Request::DirtyLog {
-                    action: DirtyLogAction::Stop,
-                },
-                r#"{"cmd":"dirty_log","action":"stop"}"#,
-            ),
-            (
-                Request::Throttle { percent: 99 },
-                r#"{"cmd":"throttle","percent":99}"#,
-            ),
-            (
-                Request::Migrate {
-                    to: "unix:/tmp/m".into(),
-                    downtime_ms: 300,
-                    bandwidth_mib: Some(128),
-                    auto_converge: true,
-                    timeout_s: 600,
-                    mode: crate::migrate::Mode::Inline,
-                },
-                r#"{"cmd":"migrate","to":"unix:/tmp/m","downtime_ms":300,"bandwidth_mib":128,"auto_converge":true,"timeout_s":600,"mode":"inline"}"#,
-            ),
-        ] {
-            assert_eq!(serde_json::to_string(&req).unwrap(), line);
-            assert_eq!(Request::parse(line.as_bytes()).unwrap(), req, "{line}");
-            // Whitespace and key order are free.
-            let spaced = format!(" {} ", line.replace(',', " , "));
-            assert_eq!(Request::parse(spaced.as_bytes()).unwrap(), req, "{spaced}");
-        }
-        assert_eq!(
-            Request::parse(br#"{"path":"/x","cmd":"snapshot"}"#).unwrap(),
-            Request::Snapshot { path: "/x".into() }
-        );
-    }
-
-    /// `deny_unknown_fields` holds for every variant of the internally
-    /// tagged enum, with fields and without, wherever the stray key is.
-    #[test]
-    fn every_verb_refuses_a_field_it_does_not_take() {
-        for line in [
-            r#"{"cmd":"status","bogus":1}"#,
-            r#"{"bogus":1,"cmd":"pause"}"#,
-            r#"{"cmd":"resume","bogus":null}"#,
-            r#"{"cmd":"metrics","bogus":{}}"#,
-            r#"{"cmd":"shutdown","bogus":"now"}"#,
-            r#"{"cmd":"snapshot","path":"/x","bogus":1}"#,
-            r#"{"cmd":"profile_start","bogus":1}"#,
-            r#"{"cmd":"profile_stop","bogus":1,"path":"/x"}"#,
-            r#"{"cmd":"dirty_log","action":"read","bogus":1}"#,
-            r#"{"cmd":"throttle","percent":1,"bogus":1}"#,
-        ] {
-            let e = Request::parse(line.as_bytes()).unwrap_err().to_string();
-            assert!(e.contains("unknown field `bogus`"), "{line}: {e}");
-        }
-    }
-
-    /// Each refused field is named in the error.
-    #[test]
-    fn field_errors_name_the_field() {
-        for (line, expect) in [
-            (r#"{"cmd":"snapshot"}"#, "missing field `path`"),
-            (
-                r#"{"cmd":"snapshot","path":""}"#,
-                "\"path\": must not be empty",
-            ),
-            (
-                r#"{"cmd":"snapshot","path":1}"#,
-                "\"path\": invalid type: integer",
-            ),
-            (
-                r#"{"cmd":"profile_stop","path":[]}"#,
-                "\"path\": invalid type",
-            ),
-            (
-                r#"{"cmd":"profile_start","hz":0}"#,
-                "\"hz\": sampling rate must be 1 to",
-            ),
-            (
-                r#"{"cmd":"profile_start","hz":"fast"}"#,
-                "\"hz\": invalid type: string",
-            ),
-            (
-                r#"{"cmd":"profile_start","hz":-1}"#,
-                "\"hz\": invalid value",
-            ),
-            (r#"{"cmd":"throttle"}"#, "missing field `percent`"),
-            (
-                r#"{"cmd":"migrate","to":"unix:/m","mode":"fast"}"#,
-                "unknown variant `fast`, expected `thread` or `inline`",
-            ),
-            (
-                r#"{"cmd":"throttle","percent":100}"#,
-                "\"percent\": 100 is not 0 to 99",
-            ),
-            (
-                r#"{"cmd":"throttle","percent":256}"#,
-                "\"percent\": 256 is not 0 to 99",
-            ),
-            (
-                r#"{"cmd":"throttle","percent":-5}"#,
-                "\"percent\": invalid value",
-            ),
-            (r#"{"cmd":"dirty_log"}"#, "missing field `action`"),
-            (
-                r#"{"cmd":"dirty_log","action":"clear"}"#,
-                "\"action\": unknown variant `clear`, expected one of `start`, `read`, `stop`",
-            ),
-            (r#"{"cmd":"reboot"}"#, "unknown variant `reboot`"),
-            (r#"{"cmd":7}"#, "invalid type: integer `7`"),
-            (r#"{}"#, "missing field `cmd`"),
-            (r#"["status"]"#, "not a JSON object"),
-        ] {
-            let e = Request::parse(line.as_bytes()).unwrap_err().to_string();
-            assert!(e.contains(expect), "{line}: {e}");
-            assert!(!e.contains('\n'), "one line: {e}");
-        }
-        let a = handle_line(br#"{"cmd":"throttle","percent":100}"#, &mut Fake::default());
-        assert_eq!(a["error"], "bad request: \"percent\": 100 is not 0 to 99");
-    }
-}
+mod tests;

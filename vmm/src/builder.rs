@@ -74,6 +74,16 @@ pub enum Start {
     Restore(Box<Restore>),
     /// Stay paused: memory and state arrive later (a migration's target).
     Incoming,
+    /// As `Incoming`, for a COLO secondary: its NICs start detached from
+    /// their taps (attached at failover).
+    Secondary,
+}
+
+impl Start {
+    /// Whether the VM waits, paused and empty, for a guest to arrive.
+    fn waits(&self) -> bool {
+        matches!(self, Start::Incoming | Start::Secondary)
+    }
 }
 
 /// Boots the VM of `cfg` and runs it until it ends.
@@ -101,7 +111,8 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     let manifest =
         device_manager::manifest(cfg.mem_bytes, u32::from(cfg.cpus), virtio_configs.clone());
     let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), &exit)?;
-    dm.defer_disk_locks = matches!(start, Start::Incoming);
+    dm.defer_disk_locks = start.waits();
+    dm.secondary = matches!(start, Start::Secondary);
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
     let announce = dm.announcement();
     let (devices, subscribers) = dm.finish();
@@ -134,11 +145,11 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         api,
         metrics: cfg.metrics.clone(),
         profile: cfg.profile.clone(),
-        start_paused: matches!(start, Start::Incoming),
+        start_paused: start.waits(),
     };
     match start {
         Start::Restore(r) => restore(&vm.handle, *r)?,
-        Start::Incoming => vm
+        Start::Incoming | Start::Secondary => vm
             .handle
             .0
             .empty

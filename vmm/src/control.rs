@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::api::{Control, DirtyLogAction};
+use crate::api::{ColoAsk, Control, DirtyLogAction};
 use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
 use crate::migrate::{Ended, Endpoint, Migration, Params};
 use crate::profile;
@@ -29,6 +29,8 @@ pub struct VmControl {
     migration: Option<Migration>,
     /// Where a migration says it ended (watched by the VMM thread's loop).
     ended: Arc<Ended>,
+    /// The pair this VM is the primary of.
+    primary: Option<crate::colo::primary::Primary>,
 }
 
 impl VmControl {
@@ -40,6 +42,7 @@ impl VmControl {
             dirty_since: None,
             migration: None,
             ended,
+            primary: None,
         }
     }
 }
@@ -188,6 +191,38 @@ impl Control for VmControl {
         }
         self.migration_json()
     }
+
+    fn colo_start(&mut self, params: crate::colo::Params) -> Result<Value, VmOpError> {
+        if self.vm.colo().is_some() {
+            return Err(VmOpError::Colo("this VM is already in a pair".into()));
+        }
+        self.not_migrating()?;
+        crate::colo::check_timing(
+            params.checkpoint_period_ms,
+            params.heartbeat_ms,
+            params.heartbeat_timeout_ms,
+        )
+        .map_err(VmOpError::Colo)?;
+        let primary = crate::colo::primary::Primary::start(self.vm.clone(), params)
+            .map_err(|e| VmOpError::Colo(format!("cannot start its thread: {e}")))?;
+        self.vm.set_colo(primary.side().clone());
+        self.primary = Some(primary);
+        self.colo(ColoAsk::Status)
+    }
+
+    fn colo(&mut self, ask: ColoAsk) -> Result<Value, VmOpError> {
+        let side = self
+            .vm
+            .colo()
+            .ok_or_else(|| VmOpError::Colo("this VM is in no pair (colo-start)".into()))?;
+        match ask {
+            ColoAsk::Status => {}
+            ColoAsk::Failover => side.force_failover(),
+            ColoAsk::Checkpoint => side.checkpoint_now(),
+        }
+        let report = serde_json::to_value(side.report()).map_err(VmOpError::Encode)?;
+        Ok(json!({ "colo": report }))
+    }
 }
 
 impl VmControl {
@@ -196,6 +231,14 @@ impl VmControl {
     fn not_migrating(&self) -> Result<(), VmOpError> {
         if self.vm.is_empty() {
             return Err(VmOpError::Empty);
+        }
+        if let Some(side) = self.vm.colo() {
+            use replication::failover::State;
+            if matches!(side.report().state, State::Syncing | State::Protected) {
+                return Err(VmOpError::Colo(
+                    "the VM is in a pair (colo-failover ends it)".into(),
+                ));
+            }
         }
         match &self.migration {
             Some(m) if m.active() => Err(VmOpError::Migrating),

@@ -22,12 +22,14 @@ use devices::i8042::I8042;
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
 use devices::virtio::block::backend::DiskBackend;
 use devices::virtio::block::disk::{DiskError, DiskFile};
+use devices::virtio::block::frozen::{Frozen, Thaw};
 use devices::virtio::block::handler::BlockHandler;
 use devices::virtio::block::metrics::BlockMetrics;
 use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::mmio::{
     Interrupt, MmioTransport, TransportStateError, MMIO_WINDOW, NOTIFY_OFFSET,
 };
+use devices::virtio::net::detached::Detached;
 use devices::virtio::net::handler::{HandlerError, NetHandler};
 use devices::virtio::net::metrics::NetMetrics;
 use devices::virtio::net::tap::TapError;
@@ -188,6 +190,7 @@ pub struct VirtioParts {
 pub enum Report {
     Net {
         tap: String,
+        sndbuf: Option<u32>,
         counters: Arc<NetMetrics>,
         /// For the RSC counters (its lock is free between loop turns).
         handler: Arc<Mutex<NetHandler>>,
@@ -199,6 +202,8 @@ pub enum Report {
         counters: Arc<BlockMetrics>,
         /// For the lock's hand-over at a migration's switch-over.
         backend: Arc<dyn DiskBackend>,
+        /// A COLO secondary's: lets the guest's writes through.
+        thaw: Option<Thaw>,
     },
 }
 
@@ -281,6 +286,28 @@ impl VirtioSlot {
         }
     }
 
+    /// A COLO secondary's takeover: lets the guest's writes through to the
+    /// image (`None`: not a disk).
+    pub fn thaw_disk(&self) {
+        if let Report::Disk {
+            thaw: Some(thaw), ..
+        } = &self.report
+        {
+            thaw.thaw();
+        }
+    }
+
+    /// Requests that changed a disk's content so far (`None`: not a disk).
+    pub fn disk_writes(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        match &self.report {
+            Report::Disk { counters: c, .. } => Some(
+                c.writes.load(Relaxed) + c.discards.load(Relaxed) + c.write_zeroes.load(Relaxed),
+            ),
+            _ => None,
+        }
+    }
+
     /// Makes a disk's completed writes durable (`None`: not a disk).
     pub fn flush_disk(&self) -> Option<std::io::Result<()>> {
         match &self.report {
@@ -298,6 +325,40 @@ impl VirtioSlot {
             }
             _ => None,
         }
+    }
+
+    /// A COLO secondary's takeover: opens this NIC's tap and puts it in
+    /// place of the detached backend, waiting at most `wait` for the device
+    /// loop to do it; `None` for a device that is not a NIC.
+    pub fn attach_tap(&self, wait: std::time::Duration) -> Option<Result<(), String>> {
+        let Report::Net {
+            tap,
+            sndbuf,
+            handler,
+            ..
+        } = &self.report
+        else {
+            return None;
+        };
+        let config = NetConfig {
+            tap: tap.clone(),
+            mac: [0; 6],
+            sndbuf: *sndbuf,
+            rsc: None,
+        };
+        let opened = match devices::virtio::net::device::open_tap(&config) {
+            Ok(t) => t,
+            Err(e) => return Some(Err(format!("tap {tap}: {e}"))),
+        };
+        let asked = devices::bus::lock(handler).replace_backend(Box::new(opened));
+        Some(match asked {
+            Err(e) => Err(format!("tap {tap}: {}", e.source)),
+            Ok(done) => match done.recv_timeout(wait) {
+                Ok(Ok(_detached)) => Ok(()),
+                Ok(Err(e)) => Err(format!("tap {tap}: {}", e.source)),
+                Err(_) => Err(format!("tap {tap}: the device loop did not swap it in")),
+            },
+        })
     }
 
     pub fn restore_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
@@ -321,6 +382,9 @@ pub struct DeviceManager {
     /// Open disk images without their lock (a migration's destination:
     /// the lock is taken at the switch-over).
     pub defer_disk_locks: bool,
+    /// A COLO secondary's devices: NICs detached from their taps, disks
+    /// frozen (until it takes over).
+    pub secondary: bool,
 }
 
 /// The VM's devices once built: the buses the vCPU threads share, guest
@@ -383,6 +447,7 @@ impl DeviceManager {
             mem,
             vm,
             defer_disk_locks: false,
+            secondary: false,
         })
     }
 
@@ -420,15 +485,16 @@ impl DeviceManager {
         configs: Vec<DeviceConfig>,
     ) -> Result<(), DeviceError> {
         let mut configs = configs.into_iter();
+        let detach = self.secondary;
         for (i, spec) in nets.iter().enumerate() {
             if let Some(c) = configs.next() {
-                self.add_virtio(c, 2, |w| net_parts(spec, i, w))?;
+                self.add_virtio(c, 2, |w| net_parts(spec, i, w, detach))?;
             }
         }
-        let defer = self.defer_disk_locks;
+        let (defer, freeze) = (self.defer_disk_locks, self.secondary);
         for spec in disks {
             if let Some(c) = configs.next() {
-                self.add_virtio(c, 1, |w| disk_parts(spec, w, defer))?;
+                self.add_virtio(c, 1, |w| disk_parts(spec, w, defer, freeze))?;
             }
         }
         Ok(())
@@ -502,6 +568,7 @@ pub fn metrics_json(virtio: &[VirtioSlot], exits: &ExitCounts) -> serde_json::Va
                 tap,
                 counters,
                 handler,
+                ..
             } => {
                 let mut c = counters.snapshot();
                 c.bad_register_accesses += bad;
@@ -532,22 +599,33 @@ pub fn metrics_json(virtio: &[VirtioSlot], exits: &ExitCounts) -> serde_json::Va
     })
 }
 
-/// A virtio-net device on the tap of `spec`.
-fn net_parts(spec: &NetSpec, index: usize, w: Wiring) -> Result<VirtioParts, DeviceError> {
+/// A virtio-net device on the tap of `spec`; with `detach`, on a
+/// [`Detached`] backend (the tap is only checked: opened and closed).
+fn net_parts(
+    spec: &NetSpec,
+    index: usize,
+    w: Wiring,
+    detach: bool,
+) -> Result<VirtioParts, DeviceError> {
     let activate = eventfd()?;
-    let net = Net::new(
-        NetConfig {
-            tap: spec.tap.clone(),
-            mac: spec.mac.unwrap_or_else(|| config::default_mac(index)),
-            sndbuf: spec.sndbuf,
-            rsc: spec.rsc.then_some(spec.rsc_interval),
-        },
-        activate.try_clone().map_err(DeviceError::EventFd)?,
-    )
-    .map_err(|source| DeviceError::Tap {
+    let config = NetConfig {
+        tap: spec.tap.clone(),
+        mac: spec.mac.unwrap_or_else(|| config::default_mac(index)),
+        sndbuf: spec.sndbuf,
+        rsc: spec.rsc.then_some(spec.rsc_interval),
+    };
+    let tap_err = |source| DeviceError::Tap {
         tap: spec.tap.clone(),
         source,
-    })?;
+    };
+    let evt = activate.try_clone().map_err(DeviceError::EventFd)?;
+    let net = if detach {
+        drop(devices::virtio::net::device::open_tap(&config).map_err(tap_err)?);
+        let backend = Detached::new(&spec.tap).map_err(DeviceError::EventFd)?;
+        Net::with_backend(config, Box::new(backend), evt)
+    } else {
+        Net::new(config, evt).map_err(tap_err)?
+    };
     let mut evts = w.queue_evts.into_iter();
     let (Some(rx), Some(tx)) = (evts.next(), evts.next()) else {
         return Err(DeviceError::EventFd(io::Error::other("two queues wanted")));
@@ -571,6 +649,7 @@ fn net_parts(spec: &NetSpec, index: usize, w: Wiring) -> Result<VirtioParts, Dev
         handler: handler.clone(),
         report: Report::Net {
             tap: spec.tap.clone(),
+            sndbuf: spec.sndbuf,
             counters,
             handler,
         },
@@ -579,8 +658,14 @@ fn net_parts(spec: &NetSpec, index: usize, w: Wiring) -> Result<VirtioParts, Dev
 
 /// A virtio-blk device on the image of `spec`.
 /// With `defer_lock` (a migration's destination) the image is opened
-/// without its lock, which is taken at the switch-over.
-fn disk_parts(spec: &DiskSpec, w: Wiring, defer_lock: bool) -> Result<VirtioParts, DeviceError> {
+/// without its lock, which is taken at the switch-over; with `freeze` (a
+/// COLO secondary's) the guest's writes fail until it is thawed.
+fn disk_parts(
+    spec: &DiskSpec,
+    w: Wiring,
+    defer_lock: bool,
+    freeze: bool,
+) -> Result<VirtioParts, DeviceError> {
     let path = spec.path.display().to_string();
     let open = if defer_lock {
         DiskFile::open_unlocked
@@ -596,11 +681,16 @@ fn disk_parts(spec: &DiskSpec, w: Wiring, defer_lock: bool) -> Result<VirtioPart
         .clone()
         .unwrap_or_else(|| config::default_disk_id(&spec.path));
     let activate = eventfd()?;
-    let block = Block::new(
-        BlockConfig::with_id(&id),
-        file,
-        activate.try_clone().map_err(DeviceError::EventFd)?,
-    );
+    let evt = activate.try_clone().map_err(DeviceError::EventFd)?;
+    let (block, thaw) = if freeze {
+        let (frozen, thaw) = Frozen::new(file);
+        (
+            Block::new(BlockConfig::with_id(&id), frozen, evt),
+            Some(thaw),
+        )
+    } else {
+        (Block::new(BlockConfig::with_id(&id), file, evt), None)
+    };
     let Some(queue_evt) = w.queue_evts.into_iter().next() else {
         return Err(DeviceError::EventFd(io::Error::other("one queue wanted")));
     };
@@ -624,6 +714,7 @@ fn disk_parts(spec: &DiskSpec, w: Wiring, defer_lock: bool) -> Result<VirtioPart
             readonly: spec.readonly,
             counters,
             backend: disk,
+            thaw,
         },
     })
 }

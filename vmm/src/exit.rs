@@ -23,6 +23,9 @@ pub enum VmExit {
     Migrated(String),
     /// An incoming migration failed before the guest ran here; why.
     IncomingFailed(String),
+    /// A COLO secondary that must not serve (its state is behind what the
+    /// client saw, or the pair never protected it); why.
+    Retired(String),
 }
 
 impl VmExit {
@@ -36,7 +39,7 @@ impl VmExit {
             | VmExit::Quit
             | VmExit::Shutdown
             | VmExit::Migrated(_) => 0,
-            VmExit::IncomingFailed(_) => 1,
+            VmExit::IncomingFailed(_) | VmExit::Retired(_) => 1,
             VmExit::Panic(_) => 2,
             VmExit::Fatal(_) => 3,
         }

@@ -19,6 +19,7 @@
 pub mod api;
 pub mod boot;
 pub mod builder;
+pub mod colo;
 pub mod config;
 pub mod console;
 pub mod control;

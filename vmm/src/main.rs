@@ -123,6 +123,40 @@ enum Verb {
     MigrateStatus,
     /// Cancel the migration under way; the guest runs on here.
     MigrateCancel,
+    /// Make this running VM the primary of a COLO pair with the secondary
+    /// waiting at ADDR (`tandem run --colo secondary --colo-listen ADDR`):
+    /// a full sync first (a migration that keeps the guest here), then a
+    /// checkpoint at once and every --checkpoint-period-ms, and heartbeats.
+    /// Answers at once; follow it with colo-status. A VM with a disk is
+    /// refused (disks are not replicated yet).
+    ColoStart {
+        /// The secondary: tcp:HOST:PORT or unix:PATH.
+        to: String,
+        /// A checkpoint this often, ms (at least 100).
+        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_PERIOD_MS)]
+        checkpoint_period_ms: u64,
+        /// A heartbeat this often, ms (at least 10).
+        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_HEARTBEAT_MS)]
+        heartbeat_ms: u32,
+        /// The peer is lost after this long without a heartbeat, ms (over
+        /// twice --heartbeat-ms).
+        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_HEARTBEAT_TIMEOUT_MS)]
+        heartbeat_timeout_ms: u32,
+        /// The lease file the pair shares (default: after ADDR, as the
+        /// secondary's --colo-lease).
+        #[arg(long, value_name = "PATH")]
+        lease: Option<PathBuf>,
+    },
+    /// This side of its COLO pair: role, state (syncing, protected,
+    /// failing_over, primary_alone, failed_over, retired, fenced), the last
+    /// committed checkpoint, checkpoints by reason with their pause and
+    /// bytes, the heartbeat's age.
+    ColoStatus,
+    /// Primary: go on alone now. Secondary: take over now, if the lease is
+    /// free (the primary holds it while it lives). Then colo-status.
+    ColoFailover,
+    /// Primary: a checkpoint now.
+    ColoCheckpoint,
     /// Guest memory's dirty log: `start` turns KVM's log on, `read` prints
     /// the pages written since the last read (by the vCPUs and by device
     /// emulation) and resets it, `stop` turns it off.
@@ -172,6 +206,22 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
         }
         Verb::MigrateStatus => Request::MigrateStatus {},
         Verb::MigrateCancel => Request::MigrateCancel {},
+        Verb::ColoStart {
+            to,
+            checkpoint_period_ms,
+            heartbeat_ms,
+            heartbeat_timeout_ms,
+            lease,
+        } => Request::ColoStart {
+            to: to.clone(),
+            checkpoint_period_ms: *checkpoint_period_ms,
+            heartbeat_ms: *heartbeat_ms,
+            heartbeat_timeout_ms: *heartbeat_timeout_ms,
+            lease: lease.as_deref().map(absolute),
+        },
+        Verb::ColoStatus => Request::ColoStatus {},
+        Verb::ColoFailover => Request::ColoFailover {},
+        Verb::ColoCheckpoint => Request::ColoCheckpoint {},
     };
     let table = matches!(args.verb, Verb::ProfileStop { json: false, .. });
     match vmm::api::request(&args.api_sock, &req) {
@@ -267,6 +317,9 @@ fn main() -> ExitCode {
     if let Some(from) = args.incoming.clone() {
         return incoming(from, args);
     }
+    if let (Some(_), Some(from)) = (args.colo, args.colo_listen.clone()) {
+        return incoming(from, args);
+    }
     boot(args, cmdline)
 }
 
@@ -306,11 +359,27 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
         api_sock: args.api_sock,
         profile,
     };
-    let vm = match vmm::builder::build(&cfg, Start::Incoming) {
+    let secondary = args.colo.is_some();
+    let start = if secondary {
+        Start::Secondary
+    } else {
+        Start::Incoming
+    };
+    let vm = match vmm::builder::build(&cfg, start) {
         Ok(vm) => vm,
         Err(e) => return fail(e),
     };
-    if let Err(e) = vmm::migrate::dest::spawn(vm.handle(), listener, from) {
+    let then = secondary.then(|| {
+        let lease = args
+            .colo_lease
+            .clone()
+            .map(|p| absolute(&p))
+            .unwrap_or_else(|| vmm::colo::default_lease(&from));
+        let side = vmm::colo::secondary::side(&from, lease);
+        vm.handle().set_colo(side.clone());
+        vmm::colo::secondary::then(side)
+    });
+    if let Err(e) = vmm::migrate::dest::spawn_then(vm.handle(), listener, from, then) {
         return fail(format!("cannot start the incoming thread: {e}"));
     }
     finish(vm.run())
@@ -388,6 +457,7 @@ fn finish(result: Result<VmExit, vmm::vm_loop::VmError>) -> ExitCode {
                     eprintln!("tandem: the guest migrated to {to} and runs there")
                 }
                 VmExit::IncomingFailed(msg) => eprintln!("tandem: error: {msg}"),
+                VmExit::Retired(msg) => eprintln!("tandem: COLO: this secondary retires: {msg}"),
                 other => log::info!("guest ended: {other:?}"),
             }
             ExitCode::from(why.status() as u8)

@@ -74,6 +74,8 @@ pub enum VmOpError {
     Encode(#[source] serde_json::Error),
     #[error("migration: {0}")]
     Migration(String),
+    #[error("COLO: {0}")]
+    Colo(String),
     #[error("a migration is under way (migrate-cancel first)")]
     Migrating,
     #[error("the VM holds no guest yet: it waits for an incoming migration")]
@@ -108,6 +110,8 @@ pub(crate) struct Core {
     /// (it must not be resumed, snapshotted or reverted).
     pub empty: std::sync::atomic::AtomicBool,
     pause: Mutex<PauseState>,
+    /// This VM's side of a COLO pair, if it is in one.
+    colo: Mutex<Option<Arc<crate::colo::Side>>>,
 }
 
 impl Core {
@@ -130,6 +134,7 @@ impl Core {
                 since: Some(Instant::now()),
                 clock: None,
             }),
+            colo: Mutex::new(None),
         }
     }
 }
@@ -443,6 +448,16 @@ impl VmHandle {
     }
 
     /// Guest RAM, its KVM slots and its dirty log.
+    /// This VM's side of a COLO pair, if any.
+    pub fn colo(&self) -> Option<Arc<crate::colo::Side>> {
+        devices::bus::lock(&self.0.colo).clone()
+    }
+
+    /// Makes `side` this VM's side of a COLO pair.
+    pub fn set_colo(&self, side: Arc<crate::colo::Side>) {
+        *devices::bus::lock(&self.0.colo) = Some(side);
+    }
+
     pub fn ram(&self) -> &Arc<GuestRam> {
         &self.0.ram
     }

@@ -19,7 +19,7 @@ use vm_memory::{Bytes, GuestAddress};
 use devices::GuestMemoryMmap;
 use migration::Manifest;
 
-use super::endpoint::{Endpoint, Listener};
+use super::endpoint::{Conn, Endpoint, Listener};
 use super::MigrateError;
 use crate::boot::layout;
 use crate::exit::VmExit;
@@ -41,16 +41,33 @@ pub fn listen(from: &Endpoint) -> Result<Listener, MigrateError> {
 /// receives the guest into `vm` and resumes it, or ends the VM with
 /// [`VmExit::IncomingFailed`].
 pub fn spawn(vm: VmHandle, listener: Listener, from: Endpoint) -> std::io::Result<()> {
+    spawn_then(vm, listener, from, None)
+}
+
+/// What runs on the incoming thread once the guest runs here, with the
+/// stream (a COLO secondary's loop).
+pub type Then = Box<dyn FnOnce(&VmHandle, Conn) + Send>;
+
+/// [`spawn`], then `then` (instead of the self-announce) when given.
+pub fn spawn_then(
+    vm: VmHandle,
+    listener: Listener,
+    from: Endpoint,
+    then: Option<Then>,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("incoming".into())
         .spawn(move || {
             eprintln!("tandem: waiting for a migration on {from}");
             match receive(&vm, &listener) {
-                Ok(pages) => {
+                Ok((pages, conn)) => {
                     log::info!(
                         "migration from {from}: {pages} pages received; the guest runs here"
                     );
-                    announce(&vm);
+                    match then {
+                        Some(then) => then(&vm, conn),
+                        None => announce(&vm),
+                    }
                 }
                 Err(e) => vm
                     .exit()
@@ -61,8 +78,8 @@ pub fn spawn(vm: VmHandle, listener: Listener, from: Endpoint) -> std::io::Resul
 }
 
 /// The whole receive, up to the guest running here; returns the pages
-/// written.
-fn receive(vm: &VmHandle, listener: &Listener) -> Result<u64, MigrateError> {
+/// written and the stream.
+fn receive(vm: &VmHandle, listener: &Listener) -> Result<(u64, Conn), MigrateError> {
     let mut conn = listener.accept().map_err(MigrateError::Stream)?;
     conn.set_timeouts(IO_TIMEOUT)
         .map_err(MigrateError::Stream)?;
@@ -79,7 +96,7 @@ fn receive(vm: &VmHandle, listener: &Listener) -> Result<u64, MigrateError> {
     protocol::write_message(&mut conn, &Message::Ready)?;
     protocol::expect(&mut conn, Command::Go)?;
     vm.resume()?;
-    Ok(pages)
+    Ok((pages, conn))
 }
 
 /// The part of a receive that needs no KVM (what the fuzz target runs):
@@ -137,7 +154,10 @@ fn refuse<S: Write>(conn: &mut S, why: String) -> MigrateError {
 /// Writes one checked batch into guest memory; a zero range is written
 /// only where memory is not zero already (a never-touched page stays
 /// unbacked).
-fn write_batch(mem: &GuestMemoryMmap, batch: &protocol::MemoryBatch) -> Result<u64, MigrateError> {
+pub(crate) fn write_batch(
+    mem: &GuestMemoryMmap,
+    batch: &protocol::MemoryBatch,
+) -> Result<u64, MigrateError> {
     let mut page = vec![0u8; protocol::PAGE_SIZE as usize];
     let zero = vec![0u8; protocol::PAGE_SIZE as usize];
     for (r, data) in batch.iter() {
@@ -171,7 +191,7 @@ const ANNOUNCE: [Duration; 3] = [
 
 /// Each NIC announces the guest's MAC from here, so that a bridge or a
 /// switch learns its new port before the guest next talks.
-fn announce(vm: &VmHandle) {
+pub(crate) fn announce(vm: &VmHandle) {
     for delay in ANNOUNCE {
         std::thread::sleep(delay);
         for slot in vm.virtio().iter() {

@@ -175,9 +175,10 @@ fn migrate(
         throttle: 0,
         paused_at: None,
         released_disks: false,
+        keep: false,
     };
     match run.go(to) {
-        Ok(()) => {
+        Ok(_) => {
             let downtime = run.paused_at.map(|t| t.elapsed());
             run.update(|s| {
                 s.total_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -206,6 +207,58 @@ fn migrate(
     }
 }
 
+/// COLO's initial sync to a secondary (`tandem run --colo secondary`): a
+/// whole migration up to `Go`, on the calling thread, except that the
+/// guest is resumed here after it and keeps its disks, and the dirty log
+/// stays on (cleared at the stop-and-copy: it holds what the guest wrote
+/// since). Returns the stream, for the pair's heartbeats and checkpoints.
+/// On a failure the guest runs on here as after a failed migration.
+pub fn sync_keeping(
+    vm: &VmHandle,
+    to: &Endpoint,
+    params: &Params,
+    status: &Mutex<Status>,
+    cancel: &AtomicBool,
+) -> Result<Conn, MigrateError> {
+    let slicer = Slicer::thread();
+    let mut run = Run {
+        vm,
+        params,
+        status,
+        cancel,
+        slicer: &slicer,
+        started: Instant::now(),
+        sent: Sent::default(),
+        throttle: 0,
+        paused_at: None,
+        released_disks: false,
+        keep: true,
+    };
+    let done = run.go(to);
+    let ended = run.started.elapsed().as_secs_f64() * 1000.0;
+    match done {
+        Ok(conn) => {
+            let downtime = run.paused_at.map(|t| t.elapsed().as_secs_f64() * 1000.0);
+            run.update(|s| {
+                s.total_ms = ended;
+                s.phase = Phase::Completed;
+                s.downtime_ms = downtime;
+            });
+            Ok(conn)
+        }
+        Err(e) => {
+            let back = run.roll_back();
+            run.update(|s| {
+                s.total_ms = ended;
+                s.phase = Phase::Failed;
+                s.error = Some(e.to_string());
+            });
+            back?;
+            Err(e)
+        }
+    }
+}
+
 struct Run<'a> {
     vm: &'a VmHandle,
     params: &'a Params,
@@ -220,6 +273,8 @@ struct Run<'a> {
     paused_at: Option<Instant>,
     /// Whether the disks' locks were released for the destination.
     released_disks: bool,
+    /// COLO's initial sync: the guest stays and runs here after `Go`.
+    keep: bool,
 }
 
 impl Run<'_> {
@@ -231,8 +286,9 @@ impl Run<'_> {
         pre_copy_stop(self, &|_| {}).check()
     }
 
-    /// The whole migration, up to and including `Go`.
-    fn go(&mut self, to: &Endpoint) -> Result<(), MigrateError> {
+    /// The whole migration, up to and including `Go`; returns the stream
+    /// (COLO's goes on).
+    fn go(&mut self, to: &Endpoint) -> Result<Conn, MigrateError> {
         let mut conn = to
             .connect(IO_TIMEOUT)
             .map_err(|e| MigrateError::Connect(to.to_string(), e))?;
@@ -259,7 +315,10 @@ impl Run<'_> {
         let pending = self.precopy(&mut conn)?;
         self.stop_and_copy(&mut conn, pending)?;
         protocol::write_message(&mut conn, &Message::Go)?;
-        Ok(())
+        if self.keep && self.paused_at.is_some() {
+            self.vm.resume()?;
+        }
+        Ok(conn)
     }
 
     /// Rounds while the last dirty set would take longer than the downtime
@@ -380,15 +439,26 @@ impl Run<'_> {
             until: None,
             slicer: &unsliced,
         };
-        pages::send_dirty(ram, conn, &last, self.params, &mut self.sent, &never)?;
+        // The cap protects the network while the guest runs; with the guest
+        // paused the last pages go as fast as the stream takes them (QEMU
+        // too flushes its last round regardless of its rate limit). The
+        // estimate that chose this moment used the capped rate, so the
+        // downtime only gets shorter.
+        let uncapped = Params {
+            bandwidth_mib: None,
+            ..self.params.clone()
+        };
+        pages::send_dirty(ram, conn, &last, &uncapped, &mut self.sent, &never)?;
         lap(&mut parts.pages_ms);
         let state = self.vm.capture_state()?;
         let image = crate::snapshot::state_image(&state)?;
         lap(&mut parts.state_ms);
         // The destination takes the disks' locks when the state arrives:
-        // one VM at a time holds an image.
-        self.vm.hold_disk_locks(false)?;
-        self.released_disks = true;
+        // one VM at a time holds an image (a COLO primary keeps them).
+        if !self.keep {
+            self.vm.hold_disk_locks(false)?;
+            self.released_disks = true;
+        }
         lap(&mut parts.disks_ms);
         protocol::write_message(conn, &Message::State(image))?;
         protocol::expect(conn, Command::Ready)?;

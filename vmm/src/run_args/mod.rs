@@ -23,6 +23,14 @@ use serde::Deserialize;
 use crate::config::{self, DiskSpec, NetSpec, ProfileConfig};
 use crate::profile::symbols::{Symbols, SymbolsError};
 
+/// A COLO role given to `tandem run` (the primary is a running VM told
+/// `colo-start`).
+#[derive(clap::ValueEnum, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ColoRole {
+    Secondary,
+}
+
 /// Errors of `tandem run`'s options (the command line's own are clap's).
 #[derive(Debug, thiserror::Error)]
 pub enum RunArgsError {
@@ -168,6 +176,32 @@ pub struct RunArgs {
           value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
     #[serde(default)]
     pub incoming: Option<crate::migrate::Endpoint>,
+    /// Run as a COLO secondary: wait on --colo-listen ADDR for the
+    /// primary's initial sync (`tandem ctl colo-start ADDR` on the running
+    /// VM there), checked as an incoming migration is, then run the copy:
+    /// its NICs stay off their taps (nothing is read or written there) and
+    /// each checkpoint makes it the primary's exact copy again. When the
+    /// primary is lost (no heartbeat within its timeout) it takes the lease
+    /// (--colo-lease) and serves on its own taps; if the primary served
+    /// alone past its last checkpoint it retires instead (status 1).
+    /// Not yet: disks, and comparing the two guests' network output.
+    #[arg(long, value_name = "ROLE", requires = "colo_listen",
+          conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore", "incoming"])]
+    #[serde(default)]
+    pub colo: Option<ColoRole>,
+    /// Where a COLO secondary waits for its primary (`tcp:HOST:PORT` or
+    /// `unix:PATH`).
+    #[arg(long, value_name = "ADDR", requires = "colo",
+          value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
+    #[serde(default)]
+    pub colo_listen: Option<crate::migrate::Endpoint>,
+    /// The lease file the pair shares on this host (the side that serves
+    /// holds an exclusive lock on it). Default: /tmp/tandem-colo-ADDR.lock
+    /// after --colo-listen, what colo-start uses by default for the same
+    /// address.
+    #[arg(long, value_name = "PATH", requires = "colo")]
+    #[serde(default)]
+    pub colo_lease: Option<PathBuf>,
     /// Profile the guest from start to end into FILE: each vCPU's
     /// instruction pointer is sampled --guest-profile-hz times a second
     /// (the vCPU is kicked out of KVM_RUN and its registers read), with the
@@ -265,6 +299,9 @@ impl RunArgs {
             cpus: self.cpus.or(file.cpus),
             restore: self.restore.or(file.restore),
             incoming: self.incoming.or(file.incoming),
+            colo: self.colo.or(file.colo),
+            colo_listen: self.colo_listen.or(file.colo_listen),
+            colo_lease: self.colo_lease.or(file.colo_lease),
             guest_profile: self.guest_profile.or(file.guest_profile),
             guest_profile_hz: self.guest_profile_hz.or(file.guest_profile_hz),
             guest_symbols: self.guest_symbols.or(file.guest_symbols),

@@ -1,0 +1,198 @@
+//! COLO, the vmm's side: a primary/secondary pair on one stream (the
+//! migration's, which carries the initial sync and then the pair's
+//! heartbeats and checkpoints; `migration::protocol`, COLO sequence).
+//!
+//! - [`primary`]: the `colo` thread of the VM that serves, started by the
+//!   `colo_start` API verb: initial sync, heartbeats, checkpoints.
+//! - [`secondary`]: what `tandem run --colo secondary` runs after the
+//!   initial sync on its `incoming` thread: answers heartbeats, applies
+//!   whole checkpoints, takes over when the primary is lost.
+//! - [`dirty`]: dirty bitmaps and page spans, both ways.
+//!
+//! The pure parts (failover state machine, checkpoint scheduling, the
+//! lease) are the `replication` crate's; this module carries out their
+//! decisions on a VM. Who may serve is the lease's decision
+//! ([`replication::arbiter::LockFileLease`] on one host), never a guess.
+//!
+//! Not yet: the network compare (the primary's output is released without
+//! waiting for the secondary's) and disks; a pair whose VM has a disk is
+//! refused.
+
+pub mod dirty;
+pub mod primary;
+pub mod secondary;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use migration::protocol::ProtocolError;
+use replication::failover::{Role, State};
+
+use crate::migrate::{Endpoint, MigrateError};
+
+/// Default period between checkpoints (QEMU's: 20 s).
+pub const DEFAULT_PERIOD_MS: u64 = 20_000;
+pub const DEFAULT_HEARTBEAT_MS: u32 = 100;
+pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u32 = 1000;
+
+/// Why a COLO side failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ColoError {
+    #[error(transparent)]
+    Migrate(#[from] MigrateError),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("replication stream: {0}")]
+    Stream(#[source] std::io::Error),
+    #[error(transparent)]
+    Vm(#[from] crate::vm::VmOpError),
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
+    #[error("encoding the VM's state: {0}")]
+    Encode(#[from] crate::snapshot::SaveError),
+    #[error(transparent)]
+    Arbiter(#[from] replication::arbiter::ArbiterError),
+    #[error(transparent)]
+    Failover(#[from] replication::failover::FailoverError),
+    #[error("a checkpoint of {pages} pages is more than the guest's {limit}")]
+    TooBig { pages: u64, limit: u64 },
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What `colo_start` asks for.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub to: Endpoint,
+    pub checkpoint_period_ms: u64,
+    pub heartbeat_ms: u32,
+    pub heartbeat_timeout_ms: u32,
+    /// The lease file both sides share (default: [`default_lease`]).
+    pub lease: PathBuf,
+}
+
+/// The one-host lease both sides of a pair on `addr` find without being
+/// told: a file in /tmp named after the secondary's address.
+pub fn default_lease(addr: &Endpoint) -> PathBuf {
+    let name: String = addr
+        .to_string()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    Path::new("/tmp").join(format!("tandem-colo-{name}.lock"))
+}
+
+/// One side's report (`colo_status`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub role: Role,
+    pub state: State,
+    pub peer: String,
+    pub lease: PathBuf,
+    /// The last committed checkpoint.
+    pub epoch: u64,
+    pub last_heartbeat_age_ms: Option<u64>,
+    /// Why the last failover, go-alone, retirement or fence happened; or
+    /// why the pair could not start.
+    pub reason: Option<String>,
+    pub heartbeat_ms: u32,
+    pub heartbeat_timeout_ms: u32,
+    pub checkpoint_period_ms: Option<u64>,
+    /// The primary's checkpoints (by reason, pause, bytes).
+    pub checkpoints: Option<replication::schedule::Stats>,
+    /// Pages the secondary asked for at checkpoints (what its guest wrote).
+    pub secondary_pages: u64,
+    /// The initial sync (a migration that keeps the guest here).
+    pub sync: Option<crate::migrate::Status>,
+    /// Pages the secondary received in checkpoints, and checkpoints it
+    /// dropped because they did not arrive whole.
+    pub applied_pages: u64,
+    pub dropped_checkpoints: u64,
+}
+
+/// A side as the API sees it: its report, and the operator's requests.
+pub struct Side {
+    report: Mutex<Report>,
+    failover: AtomicBool,
+    checkpoint: AtomicBool,
+    stop: AtomicBool,
+    heartbeat_at: Mutex<Option<Instant>>,
+}
+
+impl Side {
+    fn new(report: Report) -> Side {
+        Side {
+            report: Mutex::new(report),
+            failover: AtomicBool::new(false),
+            checkpoint: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            heartbeat_at: Mutex::new(None),
+        }
+    }
+
+    /// The report now.
+    pub fn report(&self) -> Report {
+        let mut r = devices::bus::lock(&self.report).clone();
+        r.last_heartbeat_age_ms = devices::bus::lock(&self.heartbeat_at)
+            .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX));
+        r
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Report)) {
+        f(&mut devices::bus::lock(&self.report));
+    }
+
+    fn heard(&self, at: Instant) {
+        *devices::bus::lock(&self.heartbeat_at) = Some(at);
+    }
+
+    /// `colo_failover`: the side's thread acts on it at its next turn.
+    pub fn force_failover(&self) {
+        self.failover.store(true, Ordering::SeqCst);
+    }
+
+    /// A checkpoint now (the primary's thread, at its next turn).
+    pub fn checkpoint_now(&self) {
+        self.checkpoint.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends the side's thread (the VMM is ending).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    fn take(flag: &AtomicBool) -> bool {
+        flag.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// Checks a pair's timing: a heartbeat of at least 10 ms, a timeout above
+/// it, a period of at least 100 ms.
+pub fn check_timing(period_ms: u64, heartbeat_ms: u32, timeout_ms: u32) -> Result<(), String> {
+    if heartbeat_ms < 10 {
+        return Err(format!("a heartbeat every {heartbeat_ms} ms: 10 at least"));
+    }
+    if timeout_ms <= heartbeat_ms.saturating_mul(2) {
+        return Err(format!(
+            "a heartbeat timeout of {timeout_ms} ms must be over twice the interval ({heartbeat_ms} ms)"
+        ));
+    }
+    if period_ms < 100 {
+        return Err(format!("a checkpoint every {period_ms} ms: 100 at least"));
+    }
+    Ok(())
+}
+
+/// The heartbeat timing of `p`, as the replication crate takes it.
+fn failover_config(heartbeat_ms: u32, timeout_ms: u32) -> replication::failover::Config {
+    replication::failover::Config {
+        interval: Duration::from_millis(u64::from(heartbeat_ms)),
+        timeout: Duration::from_millis(u64::from(timeout_ms)),
+    }
+}

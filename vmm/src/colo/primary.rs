@@ -1,0 +1,401 @@
+//! The COLO primary's thread ("colo"), started by the `colo_start` API
+//! verb on a running VM: takes the lease, syncs the secondary (a migration
+//! that keeps the guest here), then heartbeats and checkpoints until the
+//! pair ends, and holds the lease as long as this VM serves.
+//!
+//! A checkpoint: `Checkpoint e` → the secondary pauses and answers with the
+//! pages its guest wrote → this VM pauses → its own dirty pages OR the
+//! secondary's go out, then the vCPU and device state, then `Commit` → the
+//! secondary applies it all and answers `Committed` → this VM resumes. The
+//! secondary thus becomes an exact copy with no second copy of guest
+//! memory on its side (design.md §6, Memory on the secondary). The pause
+//! is measured from this VM's pause to its resume.
+//!
+//! Never does: release the lease while this VM may serve; go on alone
+//! without recording it in the lease first (the failover state machine's
+//! rule); resume a paused guest that the user paused before the pair
+//! started. It takes no lock a vCPU or the device thread takes, except
+//! through the VM's own pause, capture and resume.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use migration::protocol::colo::{check_spans, Timing};
+use migration::protocol::{self, Command, Message};
+use replication::arbiter::{Arbiter, LockFileLease};
+use replication::failover::{Action, Failover, Role, State};
+use replication::schedule::{self, Reason, Scheduler};
+
+use super::{dirty, failover_config, ColoError, Params, Report, Side};
+use crate::boot::layout;
+use crate::migrate::endpoint::Conn;
+use crate::migrate::inline::Slicer;
+use crate::migrate::pages::{self, Sent, Stop};
+use crate::vm::VmHandle;
+
+/// How long the primary waits for `Committed`: the secondary writes the
+/// pages and applies the state first.
+const COMMIT_WAIT: Duration = Duration::from_secs(10);
+/// The thread's turn when nothing is due.
+const TURN: Duration = Duration::from_millis(10);
+
+/// The primary's side of a pair: its thread and its report.
+pub struct Primary {
+    side: Arc<Side>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Primary {
+    /// Starts the pair's thread on `vm`.
+    pub fn start(vm: VmHandle, params: Params) -> std::io::Result<Primary> {
+        let side = Arc::new(Side::new(Report {
+            role: Role::Primary,
+            state: State::Syncing,
+            peer: params.to.to_string(),
+            lease: params.lease.clone(),
+            epoch: 0,
+            last_heartbeat_age_ms: None,
+            reason: None,
+            heartbeat_ms: params.heartbeat_ms,
+            heartbeat_timeout_ms: params.heartbeat_timeout_ms,
+            checkpoint_period_ms: Some(params.checkpoint_period_ms),
+            checkpoints: None,
+            secondary_pages: 0,
+            sync: None,
+            applied_pages: 0,
+            dropped_checkpoints: 0,
+        }));
+        let s = side.clone();
+        let thread = std::thread::Builder::new()
+            .name("colo".into())
+            .spawn(move || run(&vm, &params, &s))?;
+        Ok(Primary {
+            side,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn side(&self) -> &Arc<Side> {
+        &self.side
+    }
+
+    /// Whether the pair's thread still runs (it ends only when the pair
+    /// could not start, or the VMM ends).
+    pub fn active(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        self.side.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The thread's body.
+fn run(vm: &VmHandle, params: &Params, side: &Side) {
+    let id = format!("primary pid {}", std::process::id());
+    let mut lease = match LockFileLease::open(&params.lease, &id) {
+        Ok(l) => l,
+        Err(e) => return not_started(side, e.into()),
+    };
+    let config = failover_config(params.heartbeat_ms, params.heartbeat_timeout_ms);
+    let fo = match Failover::primary(config, Instant::now(), &mut lease) {
+        Ok(f) => f,
+        Err(e) => return not_started(side, e.into()),
+    };
+    let writes = disk_writes(vm);
+    let mut conn = match sync(vm, params, side) {
+        Ok(c) => c,
+        Err(e) => {
+            lease.release();
+            return not_started(side, e);
+        }
+    };
+    eprintln!(
+        "tandem: COLO: the secondary at {} holds a copy; protecting",
+        params.to
+    );
+    let mut pair = Pair {
+        vm,
+        side,
+        fo,
+        lease: &mut lease,
+        sched: Scheduler::new(
+            schedule::Config {
+                period: Duration::from_millis(params.checkpoint_period_ms),
+                min_gap: Duration::ZERO,
+            },
+            Instant::now(),
+        ),
+        layout: layout::ram_ranges(vm.manifest().mem_bytes),
+        timeout: Duration::from_millis(u64::from(params.heartbeat_timeout_ms)),
+        writes,
+    };
+    // The first checkpoint at once: the secondary is protected from it on.
+    pair.sched.request(Reason::Demand, Instant::now());
+    pair.serve(&mut conn);
+    // The pair is over; this VM may still serve (alone): the lease stays
+    // held until the VMM ends.
+    while !Side::take(&side.stop) {
+        std::thread::sleep(TURN * 10);
+    }
+}
+
+/// The initial sync; then the pair's timing goes to the secondary.
+fn sync(vm: &VmHandle, params: &Params, side: &Side) -> Result<Conn, ColoError> {
+    let mparams = crate::migrate::Params {
+        downtime_ms: 300,
+        bandwidth_mib: None,
+        auto_converge: true,
+        timeout_s: 600,
+        mode: crate::migrate::Mode::Thread,
+    };
+    let status = Mutex::new(crate::migrate::Status::new(&params.to, &mparams));
+    let synced =
+        crate::migrate::source::sync_keeping(vm, &params.to, &mparams, &status, &side.stop);
+    side.update(|r| r.sync = Some(devices::bus::lock(&status).clone()));
+    let mut conn = synced?;
+    conn.set_timeouts(Duration::from_millis(u64::from(
+        params.heartbeat_timeout_ms,
+    )))
+    .map_err(ColoError::Stream)?;
+    let timing = Timing {
+        heartbeat_ms: params.heartbeat_ms,
+        timeout_ms: params.heartbeat_timeout_ms,
+    };
+    protocol::write_message(&mut conn, &Message::Protect(timing))?;
+    Ok(conn)
+}
+
+fn not_started(side: &Side, e: ColoError) {
+    log::error!("COLO: the pair did not start: {e}");
+    side.update(|r| {
+        r.state = State::Retired;
+        r.reason = Some(format!("the pair did not start: {e}"));
+    });
+}
+
+struct Pair<'a> {
+    vm: &'a VmHandle,
+    side: &'a Side,
+    fo: Failover,
+    lease: &'a mut LockFileLease,
+    sched: Scheduler,
+    layout: Vec<(u64, u64)>,
+    timeout: Duration,
+    /// The guest's disk writes when the pair started.
+    writes: u64,
+}
+
+impl Pair<'_> {
+    /// Heartbeats and checkpoints while the pair is formed.
+    fn serve(&mut self, conn: &mut Conn) {
+        loop {
+            if Side::take(&self.side.stop) {
+                // The VMM ends: so does the pair (the secondary sees it).
+                conn.shutdown();
+                self.side.stop();
+                return;
+            }
+            let now = Instant::now();
+            let mut actions = self.fo.tick(now, self.lease);
+            if Side::take(&self.side.failover) {
+                match self.fo.force_failover(self.lease) {
+                    Ok(a) => actions.extend(a),
+                    Err(e) => log::warn!("COLO: failover not forced: {e}"),
+                }
+            }
+            if Side::take(&self.side.checkpoint) {
+                self.sched.request(Reason::Demand, now);
+            }
+            if disk_writes(self.vm) != self.writes {
+                let why = "the guest wrote to a disk, and disks are not replicated yet";
+                actions.extend(self.fo.give_up(why, self.lease));
+            }
+            if !actions.is_empty() {
+                self.act(conn, actions);
+            }
+            let paired = matches!(self.fo.state(), State::Syncing | State::Protected);
+            if paired && self.sched.due(Instant::now()).is_some() {
+                self.checkpoint(conn);
+            }
+            self.report();
+            if !matches!(self.fo.state(), State::Syncing | State::Protected) {
+                return;
+            }
+            std::thread::sleep(TURN);
+        }
+    }
+
+    /// Carries out the failover state machine's decisions.
+    fn act(&mut self, conn: &mut Conn, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::SendHeartbeat => match heartbeat(conn) {
+                    Ok(()) => {
+                        let now = Instant::now();
+                        self.fo.heartbeat_received(now);
+                        self.side.heard(now);
+                    }
+                    Err(e) => {
+                        log::warn!("COLO: heartbeat: {e}");
+                        let more = self.fo.connection_lost(self.lease);
+                        self.act(conn, more);
+                    }
+                },
+                Action::StopReplication => {
+                    conn.shutdown();
+                    if let Err(e) = self.vm.ram().stop_dirty_log() {
+                        log::warn!("COLO: dirty log not stopped: {e}");
+                    }
+                }
+                Action::GoAlone => eprintln!(
+                    "tandem: COLO: the secondary is lost; the guest runs on here alone ({})",
+                    self.fo.status(Instant::now()).reason.unwrap_or_default()
+                ),
+                Action::Fence => {
+                    let why = self.fo.status(Instant::now()).reason.unwrap_or_default();
+                    eprintln!("tandem: COLO: fenced, the guest is paused: {why}");
+                    if let Err(e) = self.vm.pause() {
+                        log::error!("COLO: cannot pause the fenced guest: {e}");
+                    }
+                }
+                Action::TakeOver | Action::Retire(_) => {}
+            }
+        }
+    }
+
+    /// One checkpoint, counted; a failed one ends the pair.
+    fn checkpoint(&mut self, conn: &mut Conn) {
+        let epoch = self.fo.epoch() + 1;
+        if self.sched.started(Instant::now()).is_err() {
+            return;
+        }
+        match checkpoint(self.vm, conn, epoch, &self.layout, self.timeout) {
+            Ok(done) => {
+                let _ = self.sched.finished(Instant::now(), done.pause, done.bytes);
+                self.side.update(|r| r.secondary_pages += done.theirs);
+                if let Err(e) = self.fo.checkpoint_committed(epoch) {
+                    log::error!("COLO: checkpoint {epoch}: {e}");
+                }
+                if epoch == 1 {
+                    // A new pair: an older pair's mark no longer applies.
+                    if let Err(e) = self.lease.clear_alone() {
+                        log::warn!("COLO: the old alone mark stays: {e}");
+                    }
+                }
+                let now = Instant::now();
+                self.fo.heartbeat_received(now);
+                self.side.heard(now);
+            }
+            Err(e) => {
+                let _ = self.sched.abandoned(Instant::now());
+                log::warn!("COLO: checkpoint {epoch} failed: {e}");
+                let more = self.fo.connection_lost(self.lease);
+                self.act(conn, more);
+            }
+        }
+    }
+
+    fn report(&self) {
+        let s = self.fo.status(Instant::now());
+        let stats = self.sched.stats();
+        self.side.update(|r| {
+            r.state = s.state;
+            r.epoch = s.epoch;
+            r.reason = s.reason;
+            r.checkpoints = Some(stats);
+        });
+    }
+}
+
+/// Writes the guest's disks have taken so far.
+fn disk_writes(vm: &VmHandle) -> u64 {
+    vm.virtio().iter().filter_map(|s| s.disk_writes()).sum()
+}
+
+/// Asks the secondary for a heartbeat and waits for it (the stream's read
+/// timeout is the heartbeat timeout).
+fn heartbeat(conn: &mut Conn) -> Result<(), ColoError> {
+    protocol::write_message(conn, &Message::Heartbeat)?;
+    protocol::expect(conn, Command::Heartbeat)?;
+    Ok(())
+}
+
+/// What one checkpoint took.
+struct Done {
+    pause: Duration,
+    bytes: u64,
+    /// Pages the secondary asked for.
+    theirs: u64,
+}
+
+/// One checkpoint (see the module doc); the guest is resumed whatever
+/// happens (unless the user had paused it).
+fn checkpoint(
+    vm: &VmHandle,
+    conn: &mut Conn,
+    epoch: u64,
+    layout: &[(u64, u64)],
+    timeout: Duration,
+) -> Result<Done, ColoError> {
+    protocol::write_message(conn, &Message::Checkpoint { epoch })?;
+    let Message::Dirty(spans) = protocol::expect(conn, Command::Dirty)? else {
+        return Err(ColoError::Refused("no Dirty".into()));
+    };
+    check_spans(&spans, layout)?;
+    let t0 = Instant::now();
+    let was_paused = vm.is_paused();
+    if !was_paused {
+        vm.pause()?;
+    }
+    let sent = send_checkpoint(vm, conn, &spans, timeout);
+    let resumed = if was_paused { Ok(()) } else { vm.resume() };
+    let pause = t0.elapsed();
+    let (bytes, theirs) = sent?;
+    resumed?;
+    Ok(Done {
+        pause,
+        bytes,
+        theirs,
+    })
+}
+
+/// With the guest paused: the pages, the state, the commit.
+fn send_checkpoint(
+    vm: &VmHandle,
+    conn: &mut Conn,
+    spans: &[migration::protocol::colo::Span],
+    timeout: Duration,
+) -> Result<(u64, u64), ColoError> {
+    let ram = vm.ram();
+    let mut pages = ram.dirty_pages()?;
+    let theirs = dirty::mark(&mut pages, spans);
+    let mut sent = Sent::default();
+    let never = AtomicBool::new(false);
+    let slicer = Slicer::thread();
+    let stop = Stop {
+        cancel: &never,
+        progress: &|_| {},
+        until: None,
+        slicer: &slicer,
+    };
+    let uncapped = crate::migrate::Params::default();
+    pages::send_dirty(ram, conn, &pages, &uncapped, &mut sent, &stop)?;
+    let state = vm.capture_state()?;
+    let image = crate::snapshot::state_image(&state)?;
+    let bytes = sent.bytes() + image.len() as u64;
+    protocol::write_message(conn, &Message::State(image))?;
+    protocol::write_message(conn, &Message::Commit)?;
+    conn.set_timeouts(COMMIT_WAIT).map_err(ColoError::Stream)?;
+    let committed = protocol::expect(conn, Command::Committed);
+    conn.set_timeouts(timeout).map_err(ColoError::Stream)?;
+    committed?;
+    Ok((bytes, theirs))
+}

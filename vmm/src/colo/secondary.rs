@@ -1,0 +1,337 @@
+//! The COLO secondary (`tandem run --colo secondary --colo-listen ADDR`):
+//! after the initial sync (an incoming migration), it runs on the
+//! `incoming` thread: answers heartbeats, applies whole checkpoints, and
+//! when the primary is lost takes over under the lease, or retires.
+//!
+//! Its guest runs from the last checkpoint with its NICs detached (it
+//! neither reads nor writes its taps). A checkpoint is buffered whole, each
+//! batch checked against this VM's layout and the total bounded by its
+//! memory size, and applied only at `Commit`; one that does not arrive
+//! whole is dropped, and the guest goes on from its own state (the pages it
+//! wrote stay owed to the next checkpoint). At takeover its taps are
+//! attached and its MAC announced.
+//!
+//! Never does: serve (attach a tap) without holding the lease, or when the
+//! lease's alone mark says the primary served past this side's last
+//! checkpoint (it retires then: the VMM ends with status 1); apply part of
+//! a checkpoint.
+
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use migration::protocol::{self, Command, Message, ProtocolError};
+use replication::arbiter::LockFileLease;
+use replication::failover::{Action, Failover, Role, State};
+
+use super::{dirty, failover_config, ColoError, Report, Side};
+use crate::boot::layout;
+use crate::exit::VmExit;
+use crate::memory::DirtyBitmap;
+use crate::migrate::endpoint::Conn;
+use crate::migrate::Endpoint;
+use crate::vm::VmHandle;
+
+/// How long a takeover waits for the device loop to attach a tap.
+const ATTACH_WAIT: Duration = Duration::from_secs(5);
+/// The turn while waiting for the lease, and while serving.
+const TURN: Duration = Duration::from_millis(50);
+
+/// The secondary's side before the primary connects (what `colo_status`
+/// shows while it waits).
+pub fn side(from: &Endpoint, lease: PathBuf) -> Arc<Side> {
+    Arc::new(Side::new(Report {
+        role: Role::Secondary,
+        state: State::Syncing,
+        peer: from.to_string(),
+        lease,
+        epoch: 0,
+        last_heartbeat_age_ms: None,
+        reason: None,
+        heartbeat_ms: 0,
+        heartbeat_timeout_ms: 0,
+        checkpoint_period_ms: None,
+        checkpoints: None,
+        secondary_pages: 0,
+        sync: None,
+        applied_pages: 0,
+        dropped_checkpoints: 0,
+    }))
+}
+
+/// What the incoming thread runs once the initial sync is done.
+pub fn then(side: Arc<Side>) -> crate::migrate::dest::Then {
+    Box::new(move |vm: &VmHandle, conn: Conn| {
+        if let Err(e) = serve(vm, conn, &side) {
+            let why = format!("the pair did not start: {e}");
+            side.update(|r| {
+                r.state = State::Retired;
+                r.reason = Some(why.clone());
+            });
+            vm.exit().signal(VmExit::Retired(why));
+        }
+    })
+}
+
+/// Why the replication loop ended.
+enum Ended {
+    Lost(String),
+    Forced(Vec<Action>),
+    Stopped,
+}
+
+fn serve(vm: &VmHandle, mut conn: Conn, side: &Side) -> Result<(), ColoError> {
+    let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
+        return Err(ColoError::Refused("no Protect".into()));
+    };
+    let timeout = Duration::from_millis(u64::from(t.timeout_ms));
+    conn.set_timeouts(timeout).map_err(ColoError::Stream)?;
+    side.update(|r| {
+        r.heartbeat_ms = t.heartbeat_ms;
+        r.heartbeat_timeout_ms = t.timeout_ms;
+    });
+    let lease_path = side.report().lease;
+    let id = format!("secondary pid {}", std::process::id());
+    let mut lease = LockFileLease::open(&lease_path, &id)?;
+    let ram = vm.ram();
+    ram.start_dirty_log()?;
+    // What the initial sync wrote is not the guest's own.
+    let mut owed = ram.dirty_pages()?;
+    ram.clear_all()?;
+    dirty::clear(&mut owed);
+    let mut fo = Failover::secondary(
+        failover_config(t.heartbeat_ms, t.timeout_ms),
+        Instant::now(),
+    );
+    let mut rx = Receiver {
+        vm,
+        side,
+        owed,
+        layout: layout::ram_ranges(vm.manifest().mem_bytes),
+        limit: vm.manifest().mem_bytes / protocol::PAGE_SIZE,
+    };
+    let actions = match rx.replicate(&mut conn, &mut fo, &mut lease) {
+        Ended::Stopped => return Ok(()),
+        Ended::Forced(actions) => actions,
+        Ended::Lost(why) => {
+            log::warn!("COLO: the primary is lost: {why}");
+            fo.connection_lost(&mut lease)
+        }
+    };
+    conn.shutdown();
+    if let Err(e) = ram.stop_dirty_log() {
+        log::warn!("COLO: dirty log not stopped: {e}");
+    }
+    after_pair(vm, side, &mut fo, &mut lease, actions);
+    Ok(())
+}
+
+/// Carries out the state machine's decisions once the pair is over, and
+/// holds the lease while this VM serves.
+fn after_pair(
+    vm: &VmHandle,
+    side: &Side,
+    fo: &mut Failover,
+    lease: &mut LockFileLease,
+    mut actions: Vec<Action>,
+) {
+    loop {
+        for a in std::mem::take(&mut actions) {
+            match a {
+                Action::TakeOver => match take_over(vm) {
+                    Ok(()) => {
+                        let _ = fo.takeover_complete();
+                        eprintln!(
+                            "tandem: COLO: the primary is lost; this VM serves now, from \
+                             checkpoint {} ({})",
+                            fo.epoch(),
+                            fo.status(Instant::now()).reason.unwrap_or_default()
+                        );
+                        crate::migrate::dest::announce(vm);
+                    }
+                    Err(e) => actions.extend(fo.takeover_failed(&e, lease)),
+                },
+                Action::Retire(why) => {
+                    report(side, fo);
+                    vm.exit().signal(VmExit::Retired(why));
+                    return;
+                }
+                Action::Fence => {
+                    let why = fo.status(Instant::now()).reason.unwrap_or_default();
+                    eprintln!("tandem: COLO: fenced, the guest is paused: {why}");
+                    if let Err(e) = vm.pause() {
+                        log::error!("COLO: cannot pause the fenced guest: {e}");
+                    }
+                }
+                Action::SendHeartbeat | Action::StopReplication | Action::GoAlone => {}
+            }
+        }
+        report(side, fo);
+        if Side::take(&side.stop) {
+            return;
+        }
+        std::thread::sleep(TURN);
+        actions = fo.tick(Instant::now(), lease);
+    }
+}
+
+fn report(side: &Side, fo: &Failover) {
+    let s = fo.status(Instant::now());
+    side.update(|r| {
+        r.state = s.state;
+        r.epoch = s.epoch;
+        r.reason = s.reason;
+    });
+}
+
+/// The takeover: every disk writable and locked, every NIC on its tap.
+fn take_over(vm: &VmHandle) -> Result<(), String> {
+    for slot in vm.virtio().iter() {
+        slot.thaw_disk();
+    }
+    vm.hold_disk_locks(true).map_err(|e| e.to_string())?;
+    for slot in vm.virtio().iter() {
+        if let Some(r) = slot.attach_tap(ATTACH_WAIT) {
+            r?;
+        }
+    }
+    Ok(())
+}
+
+struct Receiver<'a> {
+    vm: &'a VmHandle,
+    side: &'a Side,
+    /// The pages this guest wrote since the last committed checkpoint.
+    owed: Vec<DirtyBitmap>,
+    layout: Vec<(u64, u64)>,
+    /// Pages a checkpoint may carry at most: the guest's.
+    limit: u64,
+}
+
+impl Receiver<'_> {
+    /// Heartbeats and checkpoints until the primary is lost, a failover is
+    /// forced (and the lease allows it), or the VMM ends.
+    fn replicate(
+        &mut self,
+        conn: &mut Conn,
+        fo: &mut Failover,
+        lease: &mut LockFileLease,
+    ) -> Ended {
+        loop {
+            if Side::take(&self.side.stop) {
+                return Ended::Stopped;
+            }
+            if Side::take(&self.side.failover) {
+                match fo.force_failover(lease) {
+                    Ok(actions) => return Ended::Forced(actions),
+                    Err(e) => log::warn!("COLO: failover not forced: {e}"),
+                }
+            }
+            let m = match protocol::read_message(conn) {
+                Ok(m) => m,
+                Err(ProtocolError::Io(e)) => return Ended::Lost(format!("stream: {e}")),
+                Err(e) => return Ended::Lost(e.to_string()),
+            };
+            let now = Instant::now();
+            fo.heartbeat_received(now);
+            self.side.heard(now);
+            let done = match m {
+                Message::Heartbeat => {
+                    protocol::write_message(conn, &Message::Heartbeat).map_err(ColoError::from)
+                }
+                Message::Checkpoint { epoch } => self.checkpoint(conn, fo, epoch),
+                other => Err(ColoError::Refused(format!(
+                    "unexpected {} from the primary",
+                    other.command().name()
+                ))),
+            };
+            if let Err(e) = done {
+                return Ended::Lost(e.to_string());
+            }
+            report(self.side, fo);
+        }
+    }
+
+    fn checkpoint(
+        &mut self,
+        conn: &mut Conn,
+        fo: &mut Failover,
+        epoch: u64,
+    ) -> Result<(), ColoError> {
+        let vm = self.vm;
+        let was_paused = vm.is_paused();
+        if !was_paused {
+            vm.pause()?;
+        }
+        let got = self.receive(conn);
+        let resumed = if was_paused { Ok(()) } else { vm.resume() };
+        match got {
+            Ok(pages) => {
+                self.side.update(|r| r.applied_pages += pages);
+                fo.checkpoint_committed(epoch)?;
+            }
+            Err(e) => {
+                self.side.update(|r| r.dropped_checkpoints += 1);
+                return Err(e);
+            }
+        }
+        resumed?;
+        Ok(())
+    }
+
+    /// With the guest paused: what it wrote goes to the primary, the
+    /// checkpoint comes back whole and is applied. Returns its pages.
+    fn receive(&mut self, conn: &mut Conn) -> Result<u64, ColoError> {
+        let ram = self.vm.ram();
+        let mine = ram.dirty_pages()?;
+        ram.clear_all()?;
+        dirty::or(&mut self.owed, &mine);
+        protocol::write_message(conn, &Message::Dirty(dirty::spans(&self.owed)))?;
+        let mut batches = Vec::new();
+        let mut pages = 0u64;
+        let mut image = None;
+        loop {
+            match protocol::read_message(conn)? {
+                Message::Memory(b) => {
+                    b.check(&self.layout)?;
+                    pages += b.pages();
+                    if pages > self.limit {
+                        return Err(ColoError::TooBig {
+                            pages,
+                            limit: self.limit,
+                        });
+                    }
+                    batches.push(b);
+                }
+                Message::State(i) if image.is_none() => image = Some(i),
+                Message::Commit => break,
+                Message::Abandon(why) => return Err(ProtocolError::Abandoned(why).into()),
+                other => {
+                    return Err(ColoError::Refused(format!(
+                        "unexpected {} in a checkpoint",
+                        other.command().name()
+                    )))
+                }
+            }
+        }
+        let image = image.ok_or_else(|| ColoError::Refused("a checkpoint without state".into()))?;
+        let state = crate::snapshot::load_image_for(
+            Cursor::new(image),
+            "the checkpoint",
+            self.vm.manifest(),
+        )?
+        .state;
+        // Whole and checked: now it is applied.
+        for b in &batches {
+            crate::migrate::dest::write_batch(self.vm.memory(), b)?;
+        }
+        self.vm.apply_state(&state)?;
+        // The pages just written are the primary's, not this guest's.
+        ram.dirty_pages()?;
+        ram.clear_all()?;
+        dirty::clear(&mut self.owed);
+        protocol::write_message(conn, &Message::Committed)?;
+        Ok(pages)
+    }
+}
