@@ -3,7 +3,10 @@
 //! handshake, two memory batches, and as the state image each
 //! `snapshot_reader` seed that is a state of the target's destination),
 //! each checked through `tandem_fuzz::stream::receive` before it is
-//! written, and the first one cut after its Config.
+//! written, and the first one cut after its Config; and those of
+//! `colo_checkpoint` into `fuzz/seeds/colo_checkpoint/`: the same batches
+//! and state images as checkpoints (and the first without its commit),
+//! each checked through `tandem_fuzz::checkpoint::receive`.
 //!
 //!     cd fuzz && cargo run --example make_stream_seeds
 
@@ -11,6 +14,7 @@ use std::fs;
 use std::path::Path;
 
 use migration::format::MAGIC;
+use tandem_fuzz::checkpoint::{self, checkpoint};
 use tandem_fuzz::stream::{batches, receive, stream};
 
 fn main() {
@@ -27,7 +31,7 @@ fn main() {
         if !image.starts_with(&MAGIC) {
             continue;
         }
-        let s = stream(&batches(), image);
+        let s = stream(&batches(), image.clone());
         if receive(&s).is_err() {
             continue;
         }
@@ -39,6 +43,14 @@ fn main() {
             fs::write(out.join("cut-after-config"), &s[..cut]).expect("write a seed");
         }
         fs::write(out.join(format!("stream-{n}")), &s).expect("write a seed");
+        let c = checkpoint(&batches(), image.clone());
+        checkpoint::receive(&c).expect("a whole checkpoint is taken");
+        let colo = Path::new("seeds/colo_checkpoint");
+        fs::create_dir_all(colo).expect("create the seed directory");
+        if n == 0 {
+            fs::write(colo.join("no-commit"), &c[..c.len() - 9]).expect("write a seed");
+        }
+        fs::write(colo.join(format!("checkpoint-{n}")), &c).expect("write a seed");
         n += 1;
     }
     assert!(

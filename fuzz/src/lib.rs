@@ -11,5 +11,6 @@ pub mod fixtures;
 pub mod frames;
 pub mod mmio;
 pub mod restore;
+pub mod checkpoint;
 pub mod stream;
 pub mod virtq;

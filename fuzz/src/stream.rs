@@ -32,7 +32,7 @@ pub fn manifest() -> Manifest {
     }
 }
 
-fn memory() -> &'static GuestMemoryMmap {
+pub(crate) fn memory() -> &'static GuestMemoryMmap {
     static MEMORY: OnceLock<GuestMemoryMmap> = OnceLock::new();
     MEMORY.get_or_init(|| {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).expect("guest memory")
@@ -60,7 +60,7 @@ impl Write for Peer<'_> {
 
 /// Zeroes the pages the last input wrote (vm-memory's dirty bitmap says
 /// which), so that no input sees another's memory.
-fn reset(mem: &GuestMemoryMmap) {
+pub(crate) fn reset(mem: &GuestMemoryMmap) {
     let zero = [0u8; 4096];
     for region in mem.iter() {
         let start = region.start_addr().raw_value();

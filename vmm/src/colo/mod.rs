@@ -8,6 +8,8 @@
 //!   initial sync on its `incoming` thread: answers heartbeats, applies
 //!   whole checkpoints, takes over when the primary is lost.
 //! - [`dirty`]: dirty bitmaps and page spans, both ways.
+//! - [`incoming`]: one checkpoint as the secondary reads it (checked, held
+//!   whole), short of KVM.
 //!
 //! The pure parts (failover state machine, checkpoint scheduling, the
 //! lease) are the `replication` crate's; this module carries out their
@@ -15,10 +17,12 @@
 //! ([`replication::arbiter::LockFileLease`] on one host), never a guess.
 //!
 //! Not yet: the network compare (the primary's output is released without
-//! waiting for the secondary's) and disks; a pair whose VM has a disk is
-//! refused.
+//! waiting for the secondary's) and the disks' replication (the primary's
+//! guest writing to a disk ends the pair; the secondary's disks refuse its
+//! guest's writes until it takes over).
 
 pub mod dirty;
+pub mod incoming;
 pub mod primary;
 pub mod secondary;
 

@@ -16,7 +16,6 @@
 //! checkpoint (it retires then: the VMM ends with status 1); apply part of
 //! a checkpoint.
 
-use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +24,7 @@ use migration::protocol::{self, Command, Message, ProtocolError};
 use replication::arbiter::LockFileLease;
 use replication::failover::{Action, Failover, Role, State};
 
-use super::{dirty, failover_config, ColoError, Report, Side};
+use super::{dirty, failover_config, incoming, ColoError, Report, Side};
 use crate::boot::layout;
 use crate::exit::VmExit;
 use crate::memory::DirtyBitmap;
@@ -288,50 +287,16 @@ impl Receiver<'_> {
         ram.clear_all()?;
         dirty::or(&mut self.owed, &mine);
         protocol::write_message(conn, &Message::Dirty(dirty::spans(&self.owed)))?;
-        let mut batches = Vec::new();
-        let mut pages = 0u64;
-        let mut image = None;
-        loop {
-            match protocol::read_message(conn)? {
-                Message::Memory(b) => {
-                    b.check(&self.layout)?;
-                    pages += b.pages();
-                    if pages > self.limit {
-                        return Err(ColoError::TooBig {
-                            pages,
-                            limit: self.limit,
-                        });
-                    }
-                    batches.push(b);
-                }
-                Message::State(i) if image.is_none() => image = Some(i),
-                Message::Commit => break,
-                Message::Abandon(why) => return Err(ProtocolError::Abandoned(why).into()),
-                other => {
-                    return Err(ColoError::Refused(format!(
-                        "unexpected {} in a checkpoint",
-                        other.command().name()
-                    )))
-                }
-            }
-        }
-        let image = image.ok_or_else(|| ColoError::Refused("a checkpoint without state".into()))?;
-        let state = crate::snapshot::load_image_for(
-            Cursor::new(image),
-            "the checkpoint",
-            self.vm.manifest(),
-        )?
-        .state;
+        let vm = self.vm;
+        let c = incoming::read_checkpoint(conn, &self.layout, self.limit, vm.manifest())?;
         // Whole and checked: now it is applied.
-        for b in &batches {
-            crate::migrate::dest::write_batch(self.vm.memory(), b)?;
-        }
-        self.vm.apply_state(&state)?;
+        incoming::write_pages(vm.memory(), &c)?;
+        vm.apply_state(&c.state)?;
         // The pages just written are the primary's, not this guest's.
         ram.dirty_pages()?;
         ram.clear_all()?;
         dirty::clear(&mut self.owed);
         protocol::write_message(conn, &Message::Committed)?;
-        Ok(pages)
+        Ok(c.pages)
     }
 }
