@@ -7,10 +7,10 @@
 //! that carries over from one input to the next (guest memory that a target
 //! writes is cleared by that target first).
 
+pub mod checkpoint;
 pub mod fixtures;
 pub mod frames;
 pub mod mmio;
 pub mod restore;
-pub mod checkpoint;
 pub mod stream;
 pub mod virtq;
