@@ -40,6 +40,8 @@
 //!
 //! COLO (a primary/secondary pair on one stream, after Go; see below):
 //! Protect     4 heartbeat interval ms, 4 heartbeat timeout ms
+//! Disks       4 count N (at most 64); N x 32 SHA-256 of each disk image,
+//!             in device order (answered by Accept, or Abandon: they differ)
 //! Heartbeat   empty (the primary asks, the secondary answers)
 //! Checkpoint  8 epoch: pause, and tell me what you wrote
 //! Dirty       4 span count N; N x (8 gpa, 4 pages): the pages the
@@ -73,6 +75,8 @@
 //! ```text
 //! primary (colo thread)                  secondary (--colo secondary)
 //!   Protect --------------------------->   dirty log on, heartbeat timer
+//!   Disks ----------------------------->   its own images' sums compared
+//!   <------------------------------------  Accept  (or Abandon: they differ)
 //!   Heartbeat ------------------------->   (any message is a sign of life)
 //!   <------------------------------------  Heartbeat
 //!   Checkpoint e ---------------------->   pauses its guest
@@ -194,6 +198,7 @@ pub enum Command {
     Dirty = 12,
     Commit = 13,
     Committed = 14,
+    Disks = 15,
 }
 
 impl Command {
@@ -213,6 +218,7 @@ impl Command {
             12 => Command::Dirty,
             13 => Command::Commit,
             14 => Command::Committed,
+            15 => Command::Disks,
             other => return Err(ProtocolError::UnknownCommand(other)),
         })
     }
@@ -234,6 +240,7 @@ impl Command {
             Command::Dirty => "Dirty",
             Command::Commit => "Commit",
             Command::Committed => "Committed",
+            Command::Disks => "Disks",
         }
     }
 }
@@ -321,6 +328,7 @@ pub enum Message {
     Dirty(Vec<colo::Span>),
     Commit,
     Committed,
+    Disks(Vec<[u8; 32]>),
 }
 
 impl Message {
@@ -341,6 +349,7 @@ impl Message {
             Message::Dirty(_) => Command::Dirty,
             Message::Commit => Command::Commit,
             Message::Committed => Command::Committed,
+            Message::Disks(_) => Command::Disks,
         }
     }
 
@@ -367,6 +376,7 @@ impl Message {
             Message::Protect(t) => t.encode(),
             Message::Checkpoint { epoch } => epoch.to_le_bytes().to_vec(),
             Message::Dirty(spans) => colo::encode_spans(spans),
+            Message::Disks(sums) => colo::encode_sums(sums),
         })
     }
 }
@@ -501,6 +511,7 @@ fn decode(command: Command, p: Vec<u8>) -> Result<Message> {
                 msg: format!("{} bytes", p.len()),
             }),
         Command::Dirty => colo::decode_spans(&p).map(Message::Dirty),
+        Command::Disks => colo::decode_sums(&p).map(Message::Disks),
     }
 }
 

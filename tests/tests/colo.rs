@@ -79,32 +79,12 @@ impl Pair {
         let addr = format!("unix:{}", sock.display());
         let lease = scratch(&format!("{tag}-colo.lock"));
         let secondary_api = scratch(&format!("{tag}-s.api"));
-        let image = disk_copy();
-        let mut args: Vec<String> = vec![
-            "--colo".into(),
-            "secondary".into(),
-            "--colo-listen".into(),
-            addr.clone(),
-            "--colo-lease".into(),
-            lease.display().to_string(),
-            "--mem".into(),
-            BASE_MEM.into(),
-            "--api-sock".into(),
-            secondary_api.display().to_string(),
-        ];
-        args.extend(device_args(["tap2", "tap3"], &image));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut secondary = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
-        secondary.remove_on_drop(image);
-        for f in [&sock, &lease] {
-            secondary.remove_on_drop(f.to_path_buf());
-        }
+        let mut secondary = secondary(&ns, &addr, &lease, &secondary_api, disk_copy());
+        secondary.remove_on_drop(sock);
         let mut mark = lease.clone().into_os_string();
         mark.push(".alone");
         secondary.remove_on_drop(mark.into());
-        wait_until("the secondary listens", CMD, || {
-            secondary.stderr().contains("waiting for a migration on")
-        });
+        secondary.remove_on_drop(lease.clone());
         Pair {
             ns,
             primary,
@@ -143,6 +123,31 @@ impl Pair {
         });
         last
     }
+}
+
+/// `tandem run --colo secondary` in `ns` on tap2/tap3 and `image` (removed
+/// with it), listening on `addr`; returns once it listens.
+fn secondary(ns: &NetNs, addr: &str, lease: &Path, api: &Path, image: PathBuf) -> TestVm {
+    let mut args: Vec<String> = vec![
+        "--colo".into(),
+        "secondary".into(),
+        "--colo-listen".into(),
+        addr.into(),
+        "--colo-lease".into(),
+        lease.display().to_string(),
+        "--mem".into(),
+        BASE_MEM.into(),
+        "--api-sock".into(),
+        api.display().to_string(),
+    ];
+    args.extend(device_args(["tap2", "tap3"], &image));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
+    vm.remove_on_drop(image);
+    wait_until("the secondary listens", CMD, || {
+        vm.stderr().contains("waiting for a migration on")
+    });
+    vm
 }
 
 fn status(api: &Path) -> serde_json::Value {
@@ -244,6 +249,7 @@ fn the_secondary_takes_over_when_the_primary_dies() {
 fn the_primary_goes_on_alone_when_the_secondary_dies() {
     let mut pair = Pair::new("colo-b");
     phase("b: primary restored, secondary waiting");
+    not_the_same_disk(&pair);
     pair.start(1);
     // A pair refuses what would change the VM under it.
     let (code, a) = ctl(&pair.primary_api, &["pause"]);
@@ -323,4 +329,45 @@ fn a_cut_link_never_makes_two_servers() {
         pair.secondary.stderr()
     );
     phase("c: the stale secondary retired");
+}
+
+/// A secondary whose disk is not the primary's image refuses the pair
+/// before it is protected: both sides say why, the secondary exits 1, the
+/// primary runs on as before.
+fn not_the_same_disk(pair: &Pair) {
+    let image = disk_copy();
+    let mut bytes = std::fs::read(&image).expect("read the copy");
+    bytes[4096] ^= 0xff;
+    std::fs::write(&image, bytes).expect("change the copy");
+    let addr = format!("unix:{}", scratch("colo-b-wrong.sock").display());
+    let lease = scratch("colo-b-wrong.lock");
+    let mut wrong = secondary(&pair.ns, &addr, &lease, &scratch("colo-b-w.api"), image);
+    wrong.remove_on_drop(lease.clone());
+    let (code, a) = ctl(
+        &pair.primary_api,
+        &["colo-start", &addr, "--lease", lease.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "colo-start: {a}");
+    let st = wrong.wait_exit(CMD);
+    assert_eq!(st.code(), Some(1), "{}", wrong.stderr());
+    assert!(
+        wrong
+            .stderr()
+            .contains("disk blk0 is not the primary's image"),
+        "{}",
+        wrong.stderr()
+    );
+    let mut s = serde_json::Value::Null;
+    wait_until("the primary gives up the pair", CMD, || {
+        s = status(&pair.primary_api);
+        s["state"] == "retired"
+    });
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not the primary's image"),
+        "{s}"
+    );
+    phase("b: a secondary on another disk image is refused");
 }

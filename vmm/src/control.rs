@@ -193,9 +193,13 @@ impl Control for VmControl {
     }
 
     fn colo_start(&mut self, params: crate::colo::Params) -> Result<Value, VmOpError> {
-        if self.vm.colo().is_some() {
-            return Err(VmOpError::Colo("this VM is already in a pair".into()));
+        // Again only after a pair that did not start.
+        if let Some(side) = self.vm.colo() {
+            if side.report().state != replication::failover::State::Retired {
+                return Err(VmOpError::Colo("this VM is already in a pair".into()));
+            }
         }
+        self.primary = None;
         self.not_migrating()?;
         crate::colo::check_timing(
             params.checkpoint_period_ms,

@@ -96,6 +96,39 @@ pub(super) fn decode_spans(p: &[u8]) -> Result<Vec<Span>, ProtocolError> {
         .collect()
 }
 
+/// Disk sums in one `Disks` message, at most.
+pub const MAX_DISKS: usize = 64;
+
+pub(super) fn encode_sums(sums: &[[u8; 32]]) -> Vec<u8> {
+    let mut p = (sums.len() as u32).to_le_bytes().to_vec();
+    for s in sums {
+        p.extend_from_slice(s);
+    }
+    p
+}
+
+pub(super) fn decode_sums(p: &[u8]) -> Result<Vec<[u8; 32]>, ProtocolError> {
+    let malformed = |msg: String| ProtocolError::Malformed {
+        command: "Disks",
+        msg,
+    };
+    let (count, rest) = p
+        .split_first_chunk::<4>()
+        .ok_or_else(|| malformed("no count".into()))?;
+    let count = u32::from_le_bytes(*count) as usize;
+    if count > MAX_DISKS || count * 32 != rest.len() {
+        return Err(malformed(format!("{count} sums in {} bytes", rest.len())));
+    }
+    Ok(rest
+        .chunks_exact(32)
+        .map(|c| {
+            let mut s = [0u8; 32];
+            s.copy_from_slice(c);
+            s
+        })
+        .collect())
+}
+
 /// Checks every span against `layout` (the receiver's regions as
 /// `(gpa, length)`): page-aligned, each inside one region.
 pub fn check_spans(spans: &[Span], layout: &[(u64, u64)]) -> Result<(), ProtocolError> {
@@ -166,6 +199,8 @@ mod tests {
             Message::Dirty(Vec::new()),
             Message::Commit,
             Message::Committed,
+            Message::Disks(vec![[7u8; 32], [0u8; 32]]),
+            Message::Disks(Vec::new()),
         ] {
             assert_eq!(round_trip(&m).ok(), Some(m));
         }
@@ -182,6 +217,8 @@ mod tests {
         assert!(decode_spans(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert!(decode_spans(&[0xff, 0xff, 0xff, 0xff]).is_err());
         assert!(decode_spans(&[]).is_err());
+        assert!(decode_sums(&[1, 0, 0, 0]).is_err());
+        assert!(decode_sums(&[65, 0, 0, 0]).is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //!   initial sync on its `incoming` thread: answers heartbeats, applies
 //!   whole checkpoints, takes over when the primary is lost.
 //! - [`dirty`]: dirty bitmaps and page spans, both ways.
+//! - [`disks`]: both sides' disk images checked equal at the start.
 //! - [`incoming`]: one checkpoint as the secondary reads it (checked, held
 //!   whole), short of KVM.
 //!
@@ -22,6 +23,7 @@
 //! guest's writes until it takes over).
 
 pub mod dirty;
+pub mod disks;
 pub mod incoming;
 pub mod primary;
 pub mod secondary;

@@ -38,6 +38,8 @@ use crate::vm::VmHandle;
 /// How long the primary waits for `Committed`: the secondary writes the
 /// pages and applies the state first.
 const COMMIT_WAIT: Duration = Duration::from_secs(10);
+/// How long the primary waits for the secondary's answer to its disks.
+const SUMS_WAIT: Duration = Duration::from_secs(120);
 /// The thread's turn when nothing is due.
 const TURN: Duration = Duration::from_millis(10);
 
@@ -113,6 +115,11 @@ fn run(vm: &VmHandle, params: &Params, side: &Side) {
     let mut conn = match sync(vm, params, side) {
         Ok(c) => c,
         Err(e) => {
+            // After a sync that went through, the guest runs on here as
+            // before the pair: dirty log off, lease free.
+            if let Err(d) = vm.ram().stop_dirty_log() {
+                log::warn!("COLO: dirty log not stopped: {d}");
+            }
             lease.release();
             return not_started(side, e);
         }
@@ -147,8 +154,10 @@ fn run(vm: &VmHandle, params: &Params, side: &Side) {
     }
 }
 
-/// The initial sync; then the pair's timing goes to the secondary.
+/// The initial sync; then the pair's timing and the disks' sums go to
+/// the secondary, which checks them against its own images.
 fn sync(vm: &VmHandle, params: &Params, side: &Side) -> Result<Conn, ColoError> {
+    let sums = super::disks::sums(vm.manifest())?;
     let mparams = crate::migrate::Params {
         downtime_ms: 300,
         bandwidth_mib: None,
@@ -170,6 +179,14 @@ fn sync(vm: &VmHandle, params: &Params, side: &Side) -> Result<Conn, ColoError> 
         timeout_ms: params.heartbeat_timeout_ms,
     };
     protocol::write_message(&mut conn, &Message::Protect(timing))?;
+    protocol::write_message(&mut conn, &Message::Disks(sums))?;
+    // The secondary hashes its images meanwhile.
+    conn.set_timeouts(SUMS_WAIT).map_err(ColoError::Stream)?;
+    protocol::expect(&mut conn, Command::Accept)?;
+    conn.set_timeouts(Duration::from_millis(u64::from(
+        params.heartbeat_timeout_ms,
+    )))
+    .map_err(ColoError::Stream)?;
     Ok(conn)
 }
 

@@ -84,6 +84,15 @@ fn serve(vm: &VmHandle, mut conn: Conn, side: &Side) -> Result<(), ColoError> {
     let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
         return Err(ColoError::Refused("no Protect".into()));
     };
+    let Message::Disks(theirs) = protocol::expect(&mut conn, Command::Disks)? else {
+        return Err(ColoError::Refused("no Disks".into()));
+    };
+    let ours = super::disks::sums(vm.manifest())?;
+    if let Some(why) = super::disks::differ(&theirs, &ours, vm.manifest()) {
+        let _ = protocol::write_message(&mut conn, &Message::Abandon(why.clone()));
+        return Err(ColoError::Refused(why));
+    }
+    protocol::write_message(&mut conn, &Message::Accept)?;
     let timeout = Duration::from_millis(u64::from(t.timeout_ms));
     conn.set_timeouts(timeout).map_err(ColoError::Stream)?;
     side.update(|r| {
