@@ -125,6 +125,16 @@ pub struct TestVm {
     seq: u32,
     /// Files removed after the VMM is killed (e.g. a disk copy).
     scratch: Vec<PathBuf>,
+    /// Its `--api-sock`, removed after it unless another live VM uses the
+    /// same path (a killed VMM leaves its socket file behind).
+    api_sock: Option<PathBuf>,
+}
+
+/// The `--api-sock` paths of live [`TestVm`]s, with how many use each.
+fn api_socks() -> &'static Mutex<std::collections::HashMap<PathBuf, usize>> {
+    static SOCKS: std::sync::OnceLock<Mutex<std::collections::HashMap<PathBuf, usize>>> =
+        std::sync::OnceLock::new();
+    SOCKS.get_or_init(Default::default)
 }
 
 impl TestVm {
@@ -149,6 +159,14 @@ impl TestVm {
         collect(child.stdout.take().unwrap(), stdout.clone());
         collect(child.stderr.take().unwrap(), stderr.clone());
         let stdin = child.stdin.take();
+        let api_sock = args
+            .iter()
+            .position(|a| *a == "--api-sock")
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from);
+        if let Some(p) = &api_sock {
+            *api_socks().lock().unwrap().entry(p.clone()).or_default() += 1;
+        }
         TestVm {
             child,
             stdin,
@@ -157,6 +175,7 @@ impl TestVm {
             cursor: 0,
             seq: 0,
             scratch: Vec::new(),
+            api_sock,
         }
     }
 
@@ -390,6 +409,15 @@ impl Drop for TestVm {
         let _ = self.child.wait();
         for f in &self.scratch {
             let _ = std::fs::remove_file(f);
+        }
+        if let Some(p) = self.api_sock.take() {
+            let mut socks = api_socks().lock().unwrap_or_else(|e| e.into_inner());
+            let n = socks.entry(p.clone()).or_insert(1);
+            *n -= 1;
+            if *n == 0 {
+                socks.remove(&p);
+                let _ = std::fs::remove_file(&p);
+            }
         }
     }
 }

@@ -267,6 +267,10 @@ fn the_primary_goes_on_alone_when_the_secondary_dies() {
     ));
     let s = status(&pair.primary_api);
     let epoch = s["epoch"].as_u64().unwrap_or(0);
+    // The same report is in the metrics.
+    let (_, m) = ctl(&pair.primary_api, &["metrics"]);
+    assert_eq!(m["metrics"]["colo"]["state"], "primary_alone", "{m}");
+    assert_eq!(m["metrics"]["colo"]["role"], "primary", "{m}");
     let mut mark = pair.lease.clone().into_os_string();
     mark.push(".alone");
     let text = std::fs::read_to_string(PathBuf::from(mark)).expect("the alone mark");

@@ -479,7 +479,13 @@ impl VmHandle {
 
     /// The device and exit counters as JSON (what `--metrics` writes).
     pub fn metrics(&self) -> serde_json::Value {
-        metrics_json(self.virtio(), &self.0.exits)
+        let mut m = metrics_json(self.virtio(), &self.0.exits);
+        // A COLO side's report, as colo_status gives it.
+        if let (Some(side), Some(o)) = (self.colo(), m.as_object_mut()) {
+            let report = serde_json::to_value(side.report()).unwrap_or_default();
+            o.insert("colo".into(), report);
+        }
+        m
     }
 
     /// The guest profiler.
