@@ -40,6 +40,8 @@ use replication::failover::{Role, State};
 
 use crate::migrate::{Endpoint, MigrateError};
 
+/// Checkpoint pauses kept in the report.
+pub const RECENT: usize = 1024;
 /// Default period between checkpoints (QEMU's: 20 s).
 pub const DEFAULT_PERIOD_MS: u64 = 20_000;
 pub const DEFAULT_HEARTBEAT_MS: u32 = 100;
@@ -112,6 +114,9 @@ pub struct Report {
     pub checkpoint_period_ms: Option<u64>,
     /// The primary's checkpoints (by reason, pause, bytes).
     pub checkpoints: Option<replication::schedule::Stats>,
+    /// The pauses of the last [`RECENT`] checkpoints, ms, oldest first
+    /// (for percentiles).
+    pub recent_pauses_ms: std::collections::VecDeque<f64>,
     /// Pages the secondary asked for at checkpoints (what its guest wrote).
     pub secondary_pages: u64,
     /// The initial sync (a migration that keeps the guest here).

@@ -64,6 +64,7 @@ impl Primary {
             heartbeat_timeout_ms: params.heartbeat_timeout_ms,
             checkpoint_period_ms: Some(params.checkpoint_period_ms),
             checkpoints: None,
+            recent_pauses_ms: Default::default(),
             secondary_pages: 0,
             sync: None,
             applied_pages: 0,
@@ -297,7 +298,14 @@ impl Pair<'_> {
         match checkpoint(self.vm, conn, epoch, &self.layout, self.timeout) {
             Ok(done) => {
                 let _ = self.sched.finished(Instant::now(), done.pause, done.bytes);
-                self.side.update(|r| r.secondary_pages += done.theirs);
+                self.side.update(|r| {
+                    r.secondary_pages += done.theirs;
+                    if r.recent_pauses_ms.len() == super::RECENT {
+                        r.recent_pauses_ms.pop_front();
+                    }
+                    r.recent_pauses_ms
+                        .push_back(done.pause.as_secs_f64() * 1000.0);
+                });
                 if let Err(e) = self.fo.checkpoint_committed(epoch) {
                     log::error!("COLO: checkpoint {epoch}: {e}");
                 }

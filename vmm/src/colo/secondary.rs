@@ -52,6 +52,7 @@ pub fn side(from: &Endpoint, lease: PathBuf) -> Arc<Side> {
         heartbeat_timeout_ms: 0,
         checkpoint_period_ms: None,
         checkpoints: None,
+        recent_pauses_ms: Default::default(),
         secondary_pages: 0,
         sync: None,
         applied_pages: 0,
