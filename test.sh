@@ -16,7 +16,7 @@ export TANDEM_TEST_BASE
 trap 'rm -rf "$TANDEM_TEST_BASE"' EXIT
 # Two test threads: one guest per core.
 cargo test --release --workspace -- --test-threads=2 "$@"
-# The whole suite (no test names given) ends with every fuzz target for 20 s
+# The whole suite (no test names given) ends with every fuzz target for 12 s
 # on its corpus in fuzz/seeds (fuzz/run.sh; a finding fails the run).
 # cargo-fuzz comes from crates.io, installed once.
 if [ $# -eq 0 ]; then
@@ -24,5 +24,5 @@ if [ $# -eq 0 ]; then
         echo "test.sh: installing cargo-fuzz (once)" >&2
         cargo install --locked --quiet cargo-fuzz
     fi
-    fuzz/run.sh --seconds 20
+    fuzz/run.sh --seconds 12
 fi
