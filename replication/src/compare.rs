@@ -358,6 +358,11 @@ impl Compare {
         self.sync_counters();
     }
 
+    /// The number the next primary frame gets (its `Release` carries it).
+    pub fn next_id(&self) -> FrameId {
+        FrameId(self.next_id)
+    }
+
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.counters

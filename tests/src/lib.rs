@@ -8,6 +8,7 @@
 
 pub mod base;
 pub mod netns;
+pub mod stream;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

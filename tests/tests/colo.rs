@@ -29,12 +29,20 @@ use std::time::{Duration, Instant};
 
 use tandem_tests::base::{device_args, disk_copy, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
 use tandem_tests::netns::NetNs;
+use tandem_tests::stream::{Pace, Stream};
 use tandem_tests::{ctl, tandem_bin, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// Checkpoints every 2 s, a heartbeat every 100 ms, lost after 1 s.
 const PERIOD_MS: &str = "2000";
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(1000);
+/// The client's stream: 2 MiB, 16 KiB every 200 ms (some 26 s), so that
+/// it runs from before the pair started until after the failover.
+const THROUGH: Pace = Pace {
+    bytes: 2 << 20,
+    piece: 16 << 10,
+    every: Duration::from_millis(200),
+};
 const LAST_COUNT: &str = "while read l; do n=$l; done < /tmp/count; echo $n";
 
 fn phase(what: &str) {
@@ -172,6 +180,9 @@ fn count(vm: &mut TestVm) -> u64 {
 fn the_secondary_takes_over_when_the_primary_dies() {
     let mut pair = Pair::new("colo-a");
     phase("a: primary restored, secondary waiting");
+    // A client stream into the guest, through the pair and across the
+    // failover.
+    let stream = Stream::start(&mut pair.primary, &pair.ns, 5001, 21, THROUGH);
     pair.start(2);
     let s = status(&pair.primary_api);
     phase(&format!("a: protected: {s}"));
@@ -206,6 +217,7 @@ fn the_secondary_takes_over_when_the_primary_dies() {
     });
     phase("a: the file is in a committed checkpoint");
 
+    assert!(stream.running(), "the stream runs across the failover");
     pair.primary.kill();
     let killed = Instant::now();
     wait_until("the secondary serves", CMD, || {
@@ -242,7 +254,11 @@ fn the_secondary_takes_over_when_the_primary_dies() {
         .output()
         .expect("ping");
     assert!(out.status.success(), "ping the secondary's guest: {out:?}");
-    phase("a: the secondary's guest serves");
+    stream.check(vm);
+    let s = status(&pair.secondary_api);
+    phase(&format!(
+        "a: the secondary's guest serves; the stream arrived whole: {s}"
+    ));
 }
 
 #[test]

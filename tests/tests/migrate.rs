@@ -25,17 +25,17 @@
 //! to a third tandem in the default thread mode, with a TCP stream running
 //! across both moves and the disk handed over twice.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
 use tandem_tests::base::{device_args, disk_copy, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
 use tandem_tests::netns::NetNs;
-use tandem_tests::{ctl, hex, pseudo_random, tandem_bin, TestVm};
+use tandem_tests::stream::{Pace, Stream};
+use tandem_tests::{ctl, tandem_bin, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// The counting loop's last count, read with shell builtins only (a new
@@ -508,15 +508,6 @@ fn ping(ns: &NetNs) {
     assert!(out.status.success(), "ping the migrated guest: {out:?}");
 }
 
-/// How a stream is sent: its bytes, in pieces of `piece` bytes `every`
-/// apart.
-#[derive(Clone, Copy)]
-struct Pace {
-    bytes: usize,
-    piece: usize,
-    every: Duration,
-}
-
 /// The dirtying guest's stream: 512 KiB, 64 KiB every 100 ms. That guest
 /// (tandem-jitter's 1 ms loop, tandem-dirty, the probe's pings, all on one
 /// vCPU whose kernel is emulated here) takes in some 14 KiB/s, on the
@@ -526,89 +517,6 @@ const LOADED: Pace = Pace {
     piece: 64 << 10,
     every: Duration::from_millis(100),
 };
-
-/// A TCP stream from the host into the guest's `nc`, running across a
-/// migration.
-struct Stream {
-    sender: JoinHandle<(usize, String)>,
-    want: String,
-    file: String,
-    bytes: usize,
-}
-
-impl Stream {
-    /// Starts `nc` on `port` in the guest (its pid in `$ncpid`) and the
-    /// sender, which sends slowly so that the stream runs across the
-    /// migration.
-    fn start(vm: &mut TestVm, ns: &NetNs, port: u16, seed: u64, pace: Pace) -> Stream {
-        let blob = pseudo_random(pace.bytes, seed);
-        let want = hex(&Sha256::digest(&blob));
-        let file = format!("/tmp/in{port}");
-        vm.ok(
-            &format!("nc -l -p {port} </dev/null >{file} & ncpid=$!"),
-            CMD,
-        );
-        let sender = ns.spawn(move || send_slowly(&blob, port, pace));
-        std::thread::sleep(Duration::from_secs(1));
-        Stream {
-            sender,
-            want,
-            file,
-            bytes: pace.bytes,
-        }
-    }
-
-    /// Whether the host is still sending (or waiting for the guest's end).
-    fn running(&self) -> bool {
-        !self.sender.is_finished()
-    }
-
-    /// At the destination: the whole stream arrived, in order.
-    fn check(self, dst: &mut TestVm) {
-        dst.ok("wait $ncpid", CMD);
-        let (sent, end) = self.sender.join().expect("the sender");
-        assert_eq!(sent, self.bytes, "the host sent the whole stream");
-        let tcp = dst.ok("grep Tcp: /proc/net/snmp", CMD);
-        eprintln!("stream: {end}; the guest's TCP counters:\n{tcp}");
-        // The shell may first report the finished background job: take the sum.
-        let got = dst.ok(&format!("ls -l {0}; sha256sum {0}", self.file), CMD);
-        let sum = got
-            .split_whitespace()
-            .find(|t| t.len() == 64 && t.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(
-            sum,
-            Some(self.want.as_str()),
-            "the stream across the migration arrived whole: {got}\nstream: {end}\n{tcp}"
-        );
-    }
-}
-
-/// Sends `blob` to the guest's `port` at `pace`; returns the bytes sent
-/// and how the connection ended (the guest closes it once it has read
-/// everything).
-fn send_slowly(blob: &[u8], port: u16, pace: Pace) -> (usize, String) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut s = loop {
-        match TcpStream::connect((GUEST_IP0, port)) {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
-            Err(e) => panic!("connect to the guest: {e}"),
-        }
-    };
-    for piece in blob.chunks(pace.piece) {
-        s.write_all(piece).expect("send to the guest");
-        std::thread::sleep(pace.every);
-    }
-    let _ = s.shutdown(std::net::Shutdown::Write);
-    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
-    let mut byte = [0u8; 1];
-    let end = match s.read(&mut byte) {
-        Ok(0) => "closed by the guest".to_string(),
-        Ok(_) => "the guest sent data".to_string(),
-        Err(e) => format!("error: {e}"),
-    };
-    (blob.len(), end)
-}
 
 /// Starts a destination and `tandem ctl migrate` to it with `opts`, lets
 /// it run a second, calls `meanwhile` with the destination, and returns the

@@ -22,7 +22,8 @@
 //! {"cmd":"migrate_status"}         -> {"ok":true,"migration":{"phase":...,"round":...,...}}
 //! {"cmd":"migrate_cancel"}         -> {"ok":true,"migration":{...}} (the guest runs on here)
 //! {"cmd":"colo_start","to":"tcp:H:P"|"unix:PATH","checkpoint_period_ms":20000,
-//!  "heartbeat_ms":100,"heartbeat_timeout_ms":1000,"lease":"/tmp/F.lock"}
+//!  "heartbeat_ms":100,"heartbeat_timeout_ms":1000,"lease":"/tmp/F.lock",
+//!  "compare_timeout_ms":3000,"max_queue":1024,"queue_full":"drop"|"checkpoint"}
 //!                                  -> {"ok":true,"colo":{report}} (started; fields optional)
 //! {"cmd":"colo_status"}            -> {"ok":true,"colo":{"role":...,"state":...,...}}
 //! {"cmd":"colo_failover"}          -> {"ok":true,"colo":{...}} (asked; the side acts on it)
@@ -161,6 +162,12 @@ pub enum Request {
         heartbeat_timeout_ms: u32,
         #[serde(default)]
         lease: Option<PathBuf>,
+        #[serde(default = "field::default_compare_timeout")]
+        compare_timeout_ms: u64,
+        #[serde(default = "field::default_max_queue")]
+        max_queue: usize,
+        #[serde(default)]
+        queue_full: crate::colo::QueueFullPolicy,
     },
     ColoStatus {},
     ColoFailover {},
@@ -232,6 +239,14 @@ mod field {
 
     pub fn default_heartbeat_timeout() -> u32 {
         crate::colo::DEFAULT_HEARTBEAT_TIMEOUT_MS
+    }
+
+    pub fn default_compare_timeout() -> u64 {
+        crate::colo::DEFAULT_COMPARE_TIMEOUT_MS
+    }
+
+    pub fn default_max_queue() -> usize {
+        crate::colo::DEFAULT_MAX_QUEUE
     }
 
     pub fn default_true() -> bool {
@@ -397,6 +412,9 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             heartbeat_ms,
             heartbeat_timeout_ms,
             lease,
+            compare_timeout_ms,
+            max_queue,
+            queue_full,
         } => match to.parse::<crate::migrate::Endpoint>() {
             Ok(to) => {
                 let lease = lease.unwrap_or_else(|| crate::colo::default_lease(&to));
@@ -406,6 +424,9 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                     heartbeat_ms,
                     heartbeat_timeout_ms,
                     lease,
+                    compare_timeout_ms,
+                    max_queue,
+                    queue_full,
                 }))
             }
             Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),

@@ -207,6 +207,11 @@ impl Control for VmControl {
             params.heartbeat_timeout_ms,
         )
         .map_err(VmOpError::Colo)?;
+        if !(1..=65536).contains(&params.max_queue) || params.compare_timeout_ms == 0 {
+            return Err(VmOpError::Colo(
+                "max_queue must be 1 to 65536 and compare_timeout_ms at least 1".into(),
+            ));
+        }
         let primary = crate::colo::primary::Primary::start(self.vm.clone(), params)
             .map_err(|e| VmOpError::Colo(format!("cannot start its thread: {e}")))?;
         self.vm.set_colo(primary.side().clone());

@@ -327,17 +327,41 @@ impl VirtioSlot {
         }
     }
 
+    /// Puts `backend` in place of this NIC's backend, waiting at most
+    /// `wait` for the device loop to do it; returns the one taken out.
+    /// `None` for a device that is not a NIC.
+    pub fn swap_backend(
+        &self,
+        backend: Box<dyn devices::virtio::net::NetBackend>,
+        wait: std::time::Duration,
+    ) -> Option<Result<Box<dyn devices::virtio::net::NetBackend>, String>> {
+        let Report::Net { tap, handler, .. } = &self.report else {
+            return None;
+        };
+        let asked = devices::bus::lock(handler).replace_backend(backend);
+        Some(match asked {
+            Err(e) => Err(format!("tap {tap}: {}", e.source)),
+            Ok(done) => match done.recv_timeout(wait) {
+                Ok(Ok(old)) => Ok(old),
+                Ok(Err(e)) => Err(format!("tap {tap}: {}", e.source)),
+                Err(_) => Err(format!("tap {tap}: the device loop did not swap it in")),
+            },
+        })
+    }
+
+    /// The tap's name, for a NIC.
+    pub fn tap(&self) -> Option<&str> {
+        match &self.report {
+            Report::Net { tap, .. } => Some(tap),
+            _ => None,
+        }
+    }
+
     /// A COLO secondary's takeover: opens this NIC's tap and puts it in
-    /// place of the detached backend, waiting at most `wait` for the device
+    /// place of the backend it has, waiting at most `wait` for the device
     /// loop to do it; `None` for a device that is not a NIC.
     pub fn attach_tap(&self, wait: std::time::Duration) -> Option<Result<(), String>> {
-        let Report::Net {
-            tap,
-            sndbuf,
-            handler,
-            ..
-        } = &self.report
-        else {
+        let Report::Net { tap, sndbuf, .. } = &self.report else {
             return None;
         };
         let config = NetConfig {
@@ -350,15 +374,8 @@ impl VirtioSlot {
             Ok(t) => t,
             Err(e) => return Some(Err(format!("tap {tap}: {e}"))),
         };
-        let asked = devices::bus::lock(handler).replace_backend(Box::new(opened));
-        Some(match asked {
-            Err(e) => Err(format!("tap {tap}: {}", e.source)),
-            Ok(done) => match done.recv_timeout(wait) {
-                Ok(Ok(_detached)) => Ok(()),
-                Ok(Err(e)) => Err(format!("tap {tap}: {}", e.source)),
-                Err(_) => Err(format!("tap {tap}: the device loop did not swap it in")),
-            },
-        })
+        self.swap_backend(Box::new(opened), wait)
+            .map(|r| r.map(drop))
     }
 
     pub fn restore_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {

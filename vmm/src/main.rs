@@ -146,6 +146,17 @@ enum Verb {
         /// secondary's --colo-lease).
         #[arg(long, value_name = "PATH")]
         lease: Option<PathBuf>,
+        /// A frame of this VM's waits this long for the secondary's same
+        /// frame, ms, then a checkpoint releases it.
+        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_COMPARE_TIMEOUT_MS)]
+        compare_timeout_ms: u64,
+        /// Frames the compare holds on each side, at most (1 to 65536).
+        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_MAX_QUEUE)]
+        max_queue: usize,
+        /// What a full compare queue does: drop the frame (and count it), or
+        /// also take a checkpoint (only to measure the difference).
+        #[arg(long, value_name = "POLICY", default_value = "drop")]
+        colo_queue_full: vmm::colo::QueueFullPolicy,
     },
     /// This side of its COLO pair: role, state (syncing, protected,
     /// failing_over, primary_alone, failed_over, retired, fenced), the last
@@ -212,12 +223,18 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
             heartbeat_ms,
             heartbeat_timeout_ms,
             lease,
+            compare_timeout_ms,
+            max_queue,
+            colo_queue_full,
         } => Request::ColoStart {
             to: to.clone(),
             checkpoint_period_ms: *checkpoint_period_ms,
             heartbeat_ms: *heartbeat_ms,
             heartbeat_timeout_ms: *heartbeat_timeout_ms,
             lease: lease.as_deref().map(absolute),
+            compare_timeout_ms: *compare_timeout_ms,
+            max_queue: *max_queue,
+            queue_full: *colo_queue_full,
         },
         Verb::ColoStatus => Request::ColoStatus {},
         Verb::ColoFailover => Request::ColoFailover {},

@@ -11,21 +11,25 @@
 //! - [`disks`]: both sides' disk images checked equal at the start.
 //! - [`incoming`]: one checkpoint as the secondary reads it (checked, held
 //!   whole), short of KVM.
+//! - [`proxy`] and [`link`]: each side's network proxy thread (mirror,
+//!   compare, release) and the frames on the link between them.
 //!
 //! The pure parts (failover state machine, checkpoint scheduling, the
 //! lease) are the `replication` crate's; this module carries out their
 //! decisions on a VM. Who may serve is the lease's decision
 //! ([`replication::arbiter::LockFileLease`] on one host), never a guess.
 //!
-//! Not yet: the network compare (the primary's output is released without
-//! waiting for the secondary's) and the disks' replication (the primary's
-//! guest writing to a disk ends the pair; the secondary's disks refuse its
-//! guest's writes until it takes over).
+//! Not yet: the sequence rewriting after a failover (for connections
+//! opened since the last checkpoint) and the disks' replication (the
+//! primary's guest writing to a disk ends the pair; the secondary's disks
+//! refuse its guest's writes until it takes over).
 
 pub mod dirty;
 pub mod disks;
 pub mod incoming;
+pub mod link;
 pub mod primary;
+pub mod proxy;
 pub mod secondary;
 
 use std::path::{Path, PathBuf};
@@ -83,7 +87,29 @@ pub struct Params {
     pub heartbeat_timeout_ms: u32,
     /// The lease file both sides share (default: [`default_lease`]).
     pub lease: PathBuf,
+    /// A primary frame waits this long for its match, then a checkpoint.
+    pub compare_timeout_ms: u64,
+    /// Frames each side of the compare holds, at most.
+    pub max_queue: usize,
+    /// What a full compare queue does.
+    pub queue_full: QueueFullPolicy,
 }
+
+/// What a full compare queue does (`--colo-queue-full`).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueFullPolicy {
+    /// Drop the frame and count it (the measured better).
+    #[default]
+    Drop,
+    /// Drop it and take a checkpoint (only to measure the difference).
+    Checkpoint,
+}
+
+pub const DEFAULT_COMPARE_TIMEOUT_MS: u64 = 3000;
+pub const DEFAULT_MAX_QUEUE: usize = 1024;
 
 /// The one-host lease both sides of a pair on `addr` find without being
 /// told: a file in /tmp named after the secondary's address.
@@ -125,6 +151,11 @@ pub struct Report {
     /// dropped because they did not arrive whole.
     pub applied_pages: u64,
     pub dropped_checkpoints: u64,
+    /// The primary's compare: matched, mismatched, timed out, dropped at
+    /// a full queue, passed through.
+    pub compare: Option<replication::compare::Counters>,
+    /// The network proxy's frames.
+    pub proxy: Option<proxy::ProxyCounters>,
 }
 
 /// A side as the API sees it: its report, and the operator's requests.
@@ -134,6 +165,8 @@ pub struct Side {
     checkpoint: AtomicBool,
     stop: AtomicBool,
     heartbeat_at: Mutex<Option<Instant>>,
+    /// Checkpoints the compare asked for.
+    requests: Mutex<Vec<replication::schedule::Reason>>,
 }
 
 impl Side {
@@ -144,6 +177,7 @@ impl Side {
             checkpoint: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             heartbeat_at: Mutex::new(None),
+            requests: Mutex::new(Vec::new()),
         }
     }
 
@@ -171,6 +205,15 @@ impl Side {
     /// A checkpoint now (the primary's thread, at its next turn).
     pub fn checkpoint_now(&self) {
         self.checkpoint.store(true, Ordering::SeqCst);
+    }
+
+    /// A checkpoint the compare asks for.
+    pub fn request(&self, reason: replication::schedule::Reason) {
+        devices::bus::lock(&self.requests).push(reason);
+    }
+
+    fn requested(&self) -> Vec<replication::schedule::Reason> {
+        std::mem::take(&mut *devices::bus::lock(&self.requests))
     }
 
     /// Ends the side's thread (the VMM is ending).

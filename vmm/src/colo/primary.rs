@@ -28,16 +28,22 @@ use replication::arbiter::{Arbiter, LockFileLease};
 use replication::failover::{Action, Failover, Role, State};
 use replication::schedule::{self, Reason, Scheduler};
 
-use super::{dirty, failover_config, ColoError, Params, Report, Side};
+use super::proxy::{Cmd, Proxy};
+use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Report, Side};
 use crate::boot::layout;
 use crate::migrate::endpoint::Conn;
 use crate::migrate::inline::Slicer;
 use crate::migrate::pages::{self, Sent, Stop};
 use crate::vm::VmHandle;
+use devices::virtio::net::datagram::Datagram;
+use devices::virtio::net::NetBackend;
+use replication::compare::{Compare, CompareConfig, QueueFull};
 
 /// How long the primary waits for `Committed`: the secondary writes the
 /// pages and applies the state first.
 const COMMIT_WAIT: Duration = Duration::from_secs(10);
+/// How long a NIC's backend swap and a proxy's command may take.
+const PROXY_WAIT: Duration = Duration::from_secs(5);
 /// How long the primary waits for the secondary's answer to its disks.
 const SUMS_WAIT: Duration = Duration::from_secs(120);
 /// The thread's turn when nothing is due.
@@ -69,11 +75,13 @@ impl Primary {
             sync: None,
             applied_pages: 0,
             dropped_checkpoints: 0,
+            compare: None,
+            proxy: None,
         }));
         let s = side.clone();
         let thread = std::thread::Builder::new()
             .name("colo".into())
-            .spawn(move || run(&vm, &params, &s))?;
+            .spawn(move || run(&vm, &params, s))?;
         Ok(Primary {
             side,
             thread: Some(thread),
@@ -101,7 +109,8 @@ impl Drop for Primary {
 }
 
 /// The thread's body.
-fn run(vm: &VmHandle, params: &Params, side: &Side) {
+fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
+    let side = &*side_arc;
     let id = format!("primary pid {}", std::process::id());
     let mut lease = match LockFileLease::open(&params.lease, &id) {
         Ok(l) => l,
@@ -113,7 +122,14 @@ fn run(vm: &VmHandle, params: &Params, side: &Side) {
         Err(e) => return not_started(side, e.into()),
     };
     let writes = disk_writes(vm);
-    let mut conn = match sync(vm, params, side) {
+    let synced = sync(vm, params, side).and_then(|c| {
+        let proxy = start_proxy(vm, params, side_arc.clone());
+        if proxy.is_err() {
+            c.shutdown();
+        }
+        Ok((c, proxy?))
+    });
+    let (mut conn, proxy) = match synced {
         Ok(c) => c,
         Err(e) => {
             // After a sync that went through, the guest runs on here as
@@ -144,6 +160,7 @@ fn run(vm: &VmHandle, params: &Params, side: &Side) {
         layout: layout::ram_ranges(vm.manifest().mem_bytes),
         timeout: Duration::from_millis(u64::from(params.heartbeat_timeout_ms)),
         writes,
+        proxy,
     };
     // The first checkpoint at once: the secondary is protected from it on.
     pair.sched.request(Reason::Demand, Instant::now());
@@ -209,6 +226,7 @@ struct Pair<'a> {
     timeout: Duration,
     /// The guest's disk writes when the pair started.
     writes: u64,
+    proxy: Proxy,
 }
 
 impl Pair<'_> {
@@ -231,6 +249,9 @@ impl Pair<'_> {
             }
             if Side::take(&self.side.checkpoint) {
                 self.sched.request(Reason::Demand, now);
+            }
+            for r in self.side.requested() {
+                self.sched.request(r, now);
             }
             if disk_writes(self.vm) != self.writes {
                 let why = "the guest wrote to a disk, and disks are not replicated yet";
@@ -273,10 +294,15 @@ impl Pair<'_> {
                         log::warn!("COLO: dirty log not stopped: {e}");
                     }
                 }
-                Action::GoAlone => eprintln!(
-                    "tandem: COLO: the secondary is lost; the guest runs on here alone ({})",
-                    self.fo.status(Instant::now()).reason.unwrap_or_default()
-                ),
+                Action::GoAlone => {
+                    if !self.proxy.call(Cmd::Alone, PROXY_WAIT) {
+                        log::error!("COLO: the network proxy did not go alone");
+                    }
+                    eprintln!(
+                        "tandem: COLO: the secondary is lost; the guest runs on here alone ({})",
+                        self.fo.status(Instant::now()).reason.unwrap_or_default()
+                    )
+                }
                 Action::Fence => {
                     let why = self.fo.status(Instant::now()).reason.unwrap_or_default();
                     eprintln!("tandem: COLO: fenced, the guest is paused: {why}");
@@ -295,7 +321,13 @@ impl Pair<'_> {
         if self.sched.started(Instant::now()).is_err() {
             return;
         }
-        match checkpoint(self.vm, conn, epoch, &self.layout, self.timeout) {
+        let proxy = &self.proxy;
+        let on_commit = || {
+            if !proxy.call(Cmd::Committed(epoch), PROXY_WAIT) {
+                log::error!("COLO: the network proxy did not take checkpoint {epoch}");
+            }
+        };
+        match checkpoint(self.vm, conn, epoch, &self.layout, self.timeout, &on_commit) {
             Ok(done) => {
                 let _ = self.sched.finished(Instant::now(), done.pause, done.bytes);
                 self.side.update(|r| {
@@ -340,6 +372,50 @@ impl Pair<'_> {
     }
 }
 
+/// The network link to the secondary and the proxy on it: each NIC moves
+/// from its tap to a datagram backend whose other end the proxy holds,
+/// with the tap (put back if a later NIC cannot move).
+fn start_proxy(vm: &VmHandle, params: &Params, side: Arc<Side>) -> Result<Proxy, ColoError> {
+    let mut link = params
+        .to
+        .connect(PROXY_WAIT)
+        .map_err(|e| ColoError::Refused(format!("network link to {}: {e}", params.to)))?;
+    protocol::write_message(
+        &mut link,
+        &Message::Hello {
+            version: protocol::VERSION,
+        },
+    )?;
+    let cfg = CompareConfig {
+        compare_timeout: Duration::from_millis(params.compare_timeout_ms),
+        max_queue: params.max_queue,
+        queue_full: match params.queue_full {
+            QueueFullPolicy::Drop => QueueFull::Drop,
+            QueueFullPolicy::Checkpoint => QueueFull::Checkpoint,
+        },
+        ..CompareConfig::default()
+    };
+    let compare = Compare::new(cfg).map_err(|e| ColoError::Refused(e.to_string()))?;
+    let mut nics: Vec<(Box<dyn NetBackend>, std::os::unix::net::UnixDatagram, usize)> = Vec::new();
+    let slots = vm.virtio();
+    for (n, slot) in slots.iter().enumerate() {
+        let Some(tap) = slot.tap() else { continue };
+        let (backend, other) = Datagram::pair(tap).map_err(ColoError::Stream)?;
+        match slot.swap_backend(Box::new(backend), PROXY_WAIT) {
+            Some(Ok(old)) => nics.push((old, other, n)),
+            Some(Err(e)) => {
+                for (old, _, k) in nics {
+                    let _ = slots[k].swap_backend(old, PROXY_WAIT);
+                }
+                return Err(ColoError::Refused(e));
+            }
+            None => {}
+        }
+    }
+    let nics = nics.into_iter().map(|(t, o, _)| (t, o)).collect();
+    Proxy::primary(nics, link, compare, side).map_err(ColoError::Stream)
+}
+
 /// Writes the guest's disks have taken so far.
 fn disk_writes(vm: &VmHandle) -> u64 {
     vm.virtio().iter().filter_map(|s| s.disk_writes()).sum()
@@ -369,6 +445,7 @@ fn checkpoint(
     epoch: u64,
     layout: &[(u64, u64)],
     timeout: Duration,
+    on_commit: &dyn Fn(),
 ) -> Result<Done, ColoError> {
     protocol::write_message(conn, &Message::Checkpoint { epoch })?;
     let Message::Dirty(spans) = protocol::expect(conn, Command::Dirty)? else {
@@ -381,6 +458,10 @@ fn checkpoint(
         vm.pause()?;
     }
     let sent = send_checkpoint(vm, conn, &spans, timeout);
+    if sent.is_ok() {
+        // Both guests paused: the proxy settles the frames of before.
+        on_commit();
+    }
     let resumed = if was_paused { Ok(()) } else { vm.resume() };
     let pause = t0.elapsed();
     let (bytes, theirs) = sent?;

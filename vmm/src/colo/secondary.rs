@@ -24,14 +24,18 @@ use migration::protocol::{self, Command, Message, ProtocolError};
 use replication::arbiter::LockFileLease;
 use replication::failover::{Action, Failover, Role, State};
 
+use super::proxy::{Cmd, Proxy};
 use super::{dirty, failover_config, incoming, ColoError, Report, Side};
 use crate::boot::layout;
 use crate::exit::VmExit;
 use crate::memory::DirtyBitmap;
-use crate::migrate::endpoint::Conn;
+use crate::migrate::endpoint::{Conn, Listener};
 use crate::migrate::Endpoint;
 use crate::vm::VmHandle;
+use devices::virtio::net::datagram::Datagram;
 
+/// How long a NIC's backend swap, the link and a proxy's command may take.
+const PROXY_WAIT: Duration = Duration::from_secs(5);
 /// How long a takeover waits for the device loop to attach a tap.
 const ATTACH_WAIT: Duration = Duration::from_secs(5);
 /// The turn while waiting for the lease, and while serving.
@@ -57,13 +61,15 @@ pub fn side(from: &Endpoint, lease: PathBuf) -> Arc<Side> {
         sync: None,
         applied_pages: 0,
         dropped_checkpoints: 0,
+        compare: None,
+        proxy: None,
     }))
 }
 
 /// What the incoming thread runs once the initial sync is done.
 pub fn then(side: Arc<Side>) -> crate::migrate::dest::Then {
-    Box::new(move |vm: &VmHandle, conn: Conn| {
-        if let Err(e) = serve(vm, conn, &side) {
+    Box::new(move |vm: &VmHandle, conn: Conn, listener: &Listener| {
+        if let Err(e) = serve(vm, conn, listener, &side) {
             let why = format!("the pair did not start: {e}");
             side.update(|r| {
                 r.state = State::Retired;
@@ -81,7 +87,7 @@ enum Ended {
     Stopped,
 }
 
-fn serve(vm: &VmHandle, mut conn: Conn, side: &Side) -> Result<(), ColoError> {
+fn serve(vm: &VmHandle, mut conn: Conn, listener: &Listener, side: &Side) -> Result<(), ColoError> {
     let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
         return Err(ColoError::Refused("no Protect".into()));
     };
@@ -94,6 +100,7 @@ fn serve(vm: &VmHandle, mut conn: Conn, side: &Side) -> Result<(), ColoError> {
         return Err(ColoError::Refused(why));
     }
     protocol::write_message(&mut conn, &Message::Accept)?;
+    let proxy = start_proxy(vm, listener)?;
     let timeout = Duration::from_millis(u64::from(t.timeout_ms));
     conn.set_timeouts(timeout).map_err(ColoError::Stream)?;
     side.update(|r| {
@@ -119,6 +126,7 @@ fn serve(vm: &VmHandle, mut conn: Conn, side: &Side) -> Result<(), ColoError> {
         owed,
         layout: layout::ram_ranges(vm.manifest().mem_bytes),
         limit: vm.manifest().mem_bytes / protocol::PAGE_SIZE,
+        proxy: Some(proxy),
     };
     let actions = match rx.replicate(&mut conn, &mut fo, &mut lease) {
         Ended::Stopped => return Ok(()),
@@ -129,6 +137,8 @@ fn serve(vm: &VmHandle, mut conn: Conn, side: &Side) -> Result<(), ColoError> {
         }
     };
     conn.shutdown();
+    // Its NICs go to their taps at takeover; the link is over.
+    rx.proxy = None;
     if let Err(e) = ram.stop_dirty_log() {
         log::warn!("COLO: dirty log not stopped: {e}");
     }
@@ -194,6 +204,28 @@ fn report(side: &Side, fo: &Failover) {
     });
 }
 
+/// The network link from the primary (its second connection) and the
+/// proxy on it: each NIC moves from its detached backend to a datagram
+/// backend whose other end the proxy holds.
+fn start_proxy(vm: &VmHandle, listener: &Listener) -> Result<Proxy, ColoError> {
+    let mut link = listener
+        .accept_within(PROXY_WAIT)
+        .map_err(|e| ColoError::Refused(format!("no network link from the primary: {e}")))?;
+    link.set_timeouts(PROXY_WAIT).map_err(ColoError::Stream)?;
+    let hello = protocol::read_message(&mut link)?;
+    protocol::check_hello(&hello)?;
+    let mut guests = Vec::new();
+    for slot in vm.virtio().iter() {
+        let Some(tap) = slot.tap() else { continue };
+        let (backend, other) = Datagram::pair(tap).map_err(ColoError::Stream)?;
+        if let Some(r) = slot.swap_backend(Box::new(backend), PROXY_WAIT) {
+            r.map_err(ColoError::Refused)?;
+            guests.push(other);
+        }
+    }
+    Proxy::secondary(guests, link).map_err(ColoError::Stream)
+}
+
 /// The takeover: every disk writable and locked, every NIC on its tap.
 fn take_over(vm: &VmHandle) -> Result<(), String> {
     for slot in vm.virtio().iter() {
@@ -216,6 +248,7 @@ struct Receiver<'a> {
     layout: Vec<(u64, u64)>,
     /// Pages a checkpoint may carry at most: the guest's.
     limit: u64,
+    proxy: Option<Proxy>,
 }
 
 impl Receiver<'_> {
@@ -274,6 +307,14 @@ impl Receiver<'_> {
             vm.pause()?;
         }
         let got = self.receive(conn);
+        if got.is_ok() {
+            if let Some(p) = &self.proxy {
+                // Paused, a copy of the primary: its guest's older frames go.
+                if !p.call(Cmd::Committed(epoch), PROXY_WAIT) {
+                    log::error!("COLO: the network proxy did not take checkpoint {epoch}");
+                }
+            }
+        }
         let resumed = if was_paused { Ok(()) } else { vm.resume() };
         match got {
             Ok(pages) => {

@@ -45,8 +45,9 @@ pub fn spawn(vm: VmHandle, listener: Listener, from: Endpoint) -> std::io::Resul
 }
 
 /// What runs on the incoming thread once the guest runs here, with the
-/// stream (a COLO secondary's loop).
-pub type Then = Box<dyn FnOnce(&VmHandle, Conn) + Send>;
+/// stream and the listener (a COLO secondary's loop, which takes its
+/// network link there).
+pub type Then = Box<dyn FnOnce(&VmHandle, Conn, &Listener) + Send>;
 
 /// [`spawn`], then `then` (instead of the self-announce) when given.
 pub fn spawn_then(
@@ -65,7 +66,7 @@ pub fn spawn_then(
                         "migration from {from}: {pages} pages received; the guest runs here"
                     );
                     match then {
-                        Some(then) => then(&vm, conn),
+                        Some(then) => then(&vm, conn, &listener),
                         None => announce(&vm),
                     }
                 }

@@ -79,6 +79,23 @@ impl Conn {
         }
     }
 
+    /// Non-blocking reads and writes (`WouldBlock`), or blocking again.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s.set_nonblocking(on),
+            Conn::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+
+    /// Its descriptor, for poll.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            Conn::Tcp(s) => s.as_raw_fd(),
+            Conn::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
     /// Ends both directions (wakes a read blocked on the other side).
     pub fn shutdown(&self) {
         let _ = match self {
@@ -164,6 +181,31 @@ impl Listener {
             }
             Listener::Unix(l, _) => l.accept().map(|(s, _)| Conn::Unix(s)),
         }
+    }
+
+    /// [`Listener::accept`], giving up after `timeout` (`TimedOut`).
+    pub fn accept_within(&self, timeout: std::time::Duration) -> io::Result<Conn> {
+        let nonblocking = |on| match self {
+            Listener::Tcp(l) => l.set_nonblocking(on),
+            Listener::Unix(l, _) => l.set_nonblocking(on),
+        };
+        nonblocking(true)?;
+        let end = std::time::Instant::now() + timeout;
+        let got = loop {
+            match self.accept() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if std::time::Instant::now() > end {
+                        break Err(io::ErrorKind::TimedOut.into());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => break other,
+            }
+        };
+        nonblocking(false)?;
+        let conn = got?;
+        conn.set_nonblocking(false)?;
+        Ok(conn)
     }
 }
 

@@ -184,7 +184,9 @@ pub struct RunArgs {
     /// primary is lost (no heartbeat within its timeout) it takes the lease
     /// (--colo-lease) and serves on its own taps; if the primary served
     /// alone past its last checkpoint it retires instead (status 1).
-    /// Not yet: disks, and comparing the two guests' network output.
+    /// Its guest's network output goes to the primary's compare, never to
+    /// a client. Not yet: disk replication (its disks take no write before
+    /// it takes over).
     #[arg(long, value_name = "ROLE", requires = "colo_listen",
           conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore", "incoming"])]
     #[serde(default)]

@@ -18,6 +18,7 @@
 
 pub mod announce;
 pub mod backend;
+pub mod datagram;
 pub mod detached;
 pub mod device;
 pub mod handler;

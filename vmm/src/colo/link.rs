@@ -1,0 +1,126 @@
+//! The pair's network link: the frames the two proxies exchange on a
+//! stream of their own (a second connection to the secondary's address),
+//! framed and checked: the client's frames mirrored to the secondary, and
+//! the secondary guest's output sent back to the primary's compare.
+//!
+//! ```text
+//! 4   length L of what follows (at most MAX_LINK)
+//! 1   kind: 1 client frame (primary -> secondary), 2 output (back)
+//! 1   NIC index
+//! 8   epoch: checkpoints committed when the frame was taken
+//! L-10 the frame, virtio-net header first
+//! ```
+//!
+//! Pure: encodes into and decodes from byte buffers, for the proxies'
+//! non-blocking streams. Everything read is the peer's: a length over
+//! [`MAX_LINK`], an unknown kind or a frame shorter than its header is an
+//! error, never an allocation past the bound.
+
+use super::ColoError;
+
+/// A client frame, mirrored to the secondary.
+pub const CLIENT: u8 = 1;
+/// A frame the secondary guest sent.
+pub const OUTPUT: u8 = 2;
+/// The longest frame body taken: a 64 KiB GSO frame and its header.
+pub const MAX_LINK: usize = 10 + 12 + 65_550;
+/// Bytes kept for a slow peer before frames are dropped.
+pub const MAX_PENDING: usize = 8 << 20;
+
+/// One frame on the link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkFrame {
+    pub kind: u8,
+    pub nic: u8,
+    pub epoch: u64,
+    pub frame: Vec<u8>,
+}
+
+/// Appends `f` to `out`.
+pub fn encode(kind: u8, nic: u8, epoch: u64, frame: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&((10 + frame.len()) as u32).to_le_bytes());
+    out.push(kind);
+    out.push(nic);
+    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(frame);
+}
+
+/// Bytes read from the link, cut into frames.
+#[derive(Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+}
+
+impl Decoder {
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next whole frame, if one is there.
+    pub fn next_frame(&mut self) -> Result<Option<LinkFrame>, ColoError> {
+        let bad = |msg: String| ColoError::Refused(format!("network link: {msg}"));
+        let Some(head) = self.buf.first_chunk::<4>() else {
+            return Ok(None);
+        };
+        let len = u32::from_le_bytes(*head) as usize;
+        if !(10..=MAX_LINK).contains(&len) {
+            return Err(bad(format!("a frame of {len} bytes")));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        let body: Vec<u8> = self.buf.drain(..4 + len).skip(4).collect();
+        let kind = body[0];
+        if kind != CLIENT && kind != OUTPUT {
+            return Err(bad(format!("kind {kind}")));
+        }
+        let mut epoch = [0u8; 8];
+        epoch.copy_from_slice(&body[2..10]);
+        Ok(Some(LinkFrame {
+            kind,
+            nic: body[1],
+            epoch: u64::from_le_bytes(epoch),
+            frame: body[10..].to_vec(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_cut_anywhere_come_out_whole() {
+        let mut bytes = Vec::new();
+        encode(CLIENT, 0, 7, &[1, 2, 3], &mut bytes);
+        encode(OUTPUT, 1, 8, &[9; 100], &mut bytes);
+        for cut in 0..bytes.len() {
+            let mut d = Decoder::default();
+            d.push(&bytes[..cut]);
+            let mut got = Vec::new();
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+            d.push(&bytes[cut..]);
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+            assert_eq!(got.len(), 2);
+            assert_eq!(got[0].frame, vec![1, 2, 3]);
+            assert_eq!((got[1].kind, got[1].nic, got[1].epoch), (OUTPUT, 1, 8));
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_refused() {
+        for bytes in [
+            vec![0xff, 0xff, 0xff, 0x7f],
+            vec![3, 0, 0, 0],
+            vec![10, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ] {
+            let mut d = Decoder::default();
+            d.push(&bytes);
+            assert!(d.next_frame().is_err(), "{bytes:?}");
+        }
+    }
+}
