@@ -12,6 +12,8 @@
 //!   pings through the bridge on the secondary's own tap. Before that, a
 //!   forced failover on the secondary is refused while the primary holds
 //!   the lease (never two servers).
+//! - a service whose replies differ between the two guests: mismatches
+//!   make checkpoints, and the client gets each reply whole;
 //! - the secondary is killed: the primary goes on alone (`primary_alone`,
 //!   its alone mark in the lease), its guest unchanged and answering, and
 //!   the verbs a pair refuses (pause) work again.
@@ -21,8 +23,8 @@
 //!   finds the alone mark and retires (status 1): exactly one server, and
 //!   never a stale one.
 //!
-//! Not here yet (see the README): the network compare and disk
-//! replication, so no client stream runs through the pair.
+//! A client's TCP stream runs through the pair (the compare) and across the
+//! primary's death. Not here yet (see the README): disk replication.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -266,7 +268,16 @@ fn the_primary_goes_on_alone_when_the_secondary_dies() {
     let mut pair = Pair::new("colo-b");
     phase("b: primary restored, secondary waiting");
     not_the_same_disk(&pair);
+    // A service whose replies differ between the two guests (their own
+    // context switch counts and uptimes).
+    pair.primary.ok(
+        "printf '#!/bin/sh\\ngrep ctxt /proc/stat\\ncat /proc/uptime\\n' > /tmp/reply; \
+         chmod +x /tmp/reply; nc -ll -p 5004 -e /tmp/reply & \
+         while ! grep -q ':138C ' /proc/net/tcp /proc/net/tcp6; do sleep 0.2; done",
+        CMD,
+    );
     pair.start(1);
+    differing_replies(&pair);
     // A pair refuses what would change the VM under it.
     let (code, a) = ctl(&pair.primary_api, &["pause"]);
     assert_ne!(code, 0, "pause in a pair: {a}");
@@ -390,4 +401,35 @@ fn not_the_same_disk(pair: &Pair) {
         "{s}"
     );
     phase("b: a secondary on another disk image is refused");
+}
+
+/// Requests to the guest's service whose replies differ between the two
+/// guests: each mismatch is a checkpoint, and the client gets each reply
+/// whole (the primary's).
+fn differing_replies(pair: &Pair) {
+    for i in 0..4 {
+        let reply = pair
+            .ns
+            .spawn(|| {
+                let mut s = std::net::TcpStream::connect((GUEST_IP0, 5004)).expect("connect");
+                s.set_read_timeout(Some(CMD)).expect("timeout");
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut s, &mut text).expect("the reply");
+                text
+            })
+            .join()
+            .expect("the client");
+        let lines: Vec<&str> = reply.lines().collect();
+        let whole = lines.len() == 2
+            && lines[0].starts_with("ctxt ")
+            && lines[1].split_whitespace().count() == 2;
+        assert!(whole, "reply {i}: {reply:?}");
+    }
+    let s = status(&pair.primary_api);
+    phase(&format!("b: differing replies: {}", s["compare"]));
+    assert!(s["compare"]["mismatched"].as_u64() >= Some(1), "{s}");
+    assert!(
+        s["checkpoints"]["by_reason"]["mismatch"].as_u64() >= Some(1),
+        "{s}"
+    );
 }
