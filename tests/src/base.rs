@@ -314,7 +314,7 @@ fn make_ext4(path: &Path) {
 }
 
 /// A unique scratch path in the temporary directory.
-fn scratch(what: &str) -> PathBuf {
+pub fn scratch(what: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);

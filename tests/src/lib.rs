@@ -424,6 +424,14 @@ impl Drop for TestVm {
 }
 
 /// The last `n` bytes of `s` (on a char boundary).
+/// Says how far a long test got, and when (seconds since its first call;
+/// the phases' times go to the log).
+pub fn phase(what: &str) {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(Instant::now).elapsed();
+    eprintln!("[{:6.1} s] {what}", t.as_secs_f64());
+}
+
 pub fn tail(s: &str, n: usize) -> &str {
     let mut start = s.len().saturating_sub(n);
     while !s.is_char_boundary(start) {

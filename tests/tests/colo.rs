@@ -29,10 +29,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tandem_tests::base::{device_args, disk_copy, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
+use tandem_tests::base::{device_args, disk_copy, scratch, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
 use tandem_tests::netns::NetNs;
 use tandem_tests::stream::{Pace, Stream};
-use tandem_tests::{ctl, tandem_bin, TestVm};
+use tandem_tests::{ctl, phase, tandem_bin, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// Checkpoints every 2 s, a heartbeat every 100 ms, lost after 1 s.
@@ -46,16 +46,6 @@ const THROUGH: Pace = Pace {
     every: Duration::from_millis(200),
 };
 const LAST_COUNT: &str = "while read l; do n=$l; done < /tmp/count; echo $n";
-
-fn phase(what: &str) {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let t = START.get_or_init(Instant::now).elapsed();
-    eprintln!("[{:6.1} s] {what}", t.as_secs_f64());
-}
-
-fn scratch(what: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("tandem-{what}-{}", std::process::id()))
-}
 
 /// A pair in namespace `tag`: the primary (the base guest restored on
 /// tap0/tap1, the counting loop started) and the secondary (on tap2/tap3,

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use tandem_tests::base::{device_args, disk_copy, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
 use tandem_tests::netns::NetNs;
 use tandem_tests::stream::{Pace, Stream};
-use tandem_tests::{ctl, tandem_bin, TestVm};
+use tandem_tests::{ctl, phase, tandem_bin, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// The counting loop's last count, read with shell builtins only (a new
@@ -43,13 +43,6 @@ const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 const LAST_COUNT: &str = "while read l; do n=$l; done < /tmp/count; echo $n";
 /// Where the guest's `tandem-jitter` sends its gaps (the probe listens).
 const JITTER_PORT: u16 = 7777;
-
-/// Says how far the test got, and when (its phases' times go to the log).
-fn phase(what: &str) {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let t = START.get_or_init(Instant::now).elapsed();
-    eprintln!("[{:6.1} s] {what}", t.as_secs_f64());
-}
 
 fn scratch(what: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tandem-{what}-{}", std::process::id()))

@@ -158,6 +158,32 @@ pub struct Report {
     pub proxy: Option<proxy::ProxyCounters>,
 }
 
+impl Report {
+    /// A side's report before its pair started.
+    fn new(role: Role, peer: String, lease: PathBuf) -> Report {
+        Report {
+            role,
+            state: State::Syncing,
+            peer,
+            lease,
+            epoch: 0,
+            last_heartbeat_age_ms: None,
+            reason: None,
+            heartbeat_ms: 0,
+            heartbeat_timeout_ms: 0,
+            checkpoint_period_ms: None,
+            checkpoints: None,
+            recent_pauses_ms: Default::default(),
+            secondary_pages: 0,
+            sync: None,
+            applied_pages: 0,
+            dropped_checkpoints: 0,
+            compare: None,
+            proxy: None,
+        }
+    }
+}
+
 /// A side as the API sees it: its report, and the operator's requests.
 pub struct Side {
     report: Mutex<Report>,

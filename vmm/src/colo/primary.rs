@@ -59,24 +59,10 @@ impl Primary {
     /// Starts the pair's thread on `vm`.
     pub fn start(vm: VmHandle, params: Params) -> std::io::Result<Primary> {
         let side = Arc::new(Side::new(Report {
-            role: Role::Primary,
-            state: State::Syncing,
-            peer: params.to.to_string(),
-            lease: params.lease.clone(),
-            epoch: 0,
-            last_heartbeat_age_ms: None,
-            reason: None,
             heartbeat_ms: params.heartbeat_ms,
             heartbeat_timeout_ms: params.heartbeat_timeout_ms,
             checkpoint_period_ms: Some(params.checkpoint_period_ms),
-            checkpoints: None,
-            recent_pauses_ms: Default::default(),
-            secondary_pages: 0,
-            sync: None,
-            applied_pages: 0,
-            dropped_checkpoints: 0,
-            compare: None,
-            proxy: None,
+            ..Report::new(Role::Primary, params.to.to_string(), params.lease.clone())
         }));
         let s = side.clone();
         let thread = std::thread::Builder::new()

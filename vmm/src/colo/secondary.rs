@@ -44,26 +44,11 @@ const TURN: Duration = Duration::from_millis(50);
 /// The secondary's side before the primary connects (what `colo_status`
 /// shows while it waits).
 pub fn side(from: &Endpoint, lease: PathBuf) -> Arc<Side> {
-    Arc::new(Side::new(Report {
-        role: Role::Secondary,
-        state: State::Syncing,
-        peer: from.to_string(),
+    Arc::new(Side::new(Report::new(
+        Role::Secondary,
+        from.to_string(),
         lease,
-        epoch: 0,
-        last_heartbeat_age_ms: None,
-        reason: None,
-        heartbeat_ms: 0,
-        heartbeat_timeout_ms: 0,
-        checkpoint_period_ms: None,
-        checkpoints: None,
-        recent_pauses_ms: Default::default(),
-        secondary_pages: 0,
-        sync: None,
-        applied_pages: 0,
-        dropped_checkpoints: 0,
-        compare: None,
-        proxy: None,
-    }))
+    )))
 }
 
 /// What the incoming thread runs once the initial sync is done.

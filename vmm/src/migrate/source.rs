@@ -164,19 +164,8 @@ fn migrate(
         Mode::Thread => Slicer::thread(),
         Mode::Inline => Slicer::inline(&turns, &free),
     };
-    let mut run = Run {
-        vm,
-        params,
-        status,
-        cancel,
-        slicer: &slicer,
-        started,
-        sent: Sent::default(),
-        throttle: 0,
-        paused_at: None,
-        released_disks: false,
-        keep: false,
-    };
+    let mut run = Run::new(vm, params, status, cancel, &slicer, false);
+    run.started = started;
     match run.go(to) {
         Ok(_) => {
             let downtime = run.paused_at.map(|t| t.elapsed());
@@ -221,19 +210,7 @@ pub fn sync_keeping(
     cancel: &AtomicBool,
 ) -> Result<Conn, MigrateError> {
     let slicer = Slicer::thread();
-    let mut run = Run {
-        vm,
-        params,
-        status,
-        cancel,
-        slicer: &slicer,
-        started: Instant::now(),
-        sent: Sent::default(),
-        throttle: 0,
-        paused_at: None,
-        released_disks: false,
-        keep: true,
-    };
+    let mut run = Run::new(vm, params, status, cancel, &slicer, true);
     let done = run.go(to);
     let ended = run.started.elapsed().as_secs_f64() * 1000.0;
     match done {
@@ -277,7 +254,31 @@ struct Run<'a> {
     keep: bool,
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
+    /// A run that starts now; `keep`: COLO's initial sync.
+    fn new(
+        vm: &'a VmHandle,
+        params: &'a Params,
+        status: &'a Mutex<Status>,
+        cancel: &'a AtomicBool,
+        slicer: &'a Slicer<'a>,
+        keep: bool,
+    ) -> Run<'a> {
+        Run {
+            vm,
+            params,
+            status,
+            cancel,
+            slicer,
+            started: Instant::now(),
+            sent: Sent::default(),
+            throttle: 0,
+            paused_at: None,
+            released_disks: false,
+            keep,
+        }
+    }
+
     fn update(&self, f: impl FnOnce(&mut Status)) {
         f(&mut devices::bus::lock(self.status));
     }
