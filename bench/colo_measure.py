@@ -16,9 +16,9 @@ failover time is the first reply after it. Min/median of --runs runs and
 the issue's targets (pause p99 <= 30 ms; failover <= 100 ms + the
 heartbeat timeout), and a JSON line.
 
-Not measured here (the slice has no network compare yet): throughput and
-latency through the pair against the guest alone, and the two full-queue
-policies. QEMU 7.2's COLO is not run by this bench.
+Not measured here yet: throughput and latency through the pair (the
+compare) against the guest alone, and the two full-queue policies. QEMU
+7.2's COLO is not run by this bench.
 
 Used by bench/colo.sh; not a test. Traffic stays in the namespace.
 """
@@ -173,7 +173,7 @@ def report(args, runs, failures):
               f"{'met' if p99 <= 30 else 'NOT met'}")
         print(f"  target: failover <= 100 ms + heartbeat timeout ({limit} ms): median "
               f"{fo:.0f} ms: {'met' if fo <= limit else 'NOT met'}")
-    print("  not measured (no network compare yet): throughput and ping through the pair, "
+    print("  not measured here yet: throughput and ping through the pair vs the guest alone, "
           "the full-queue policies; QEMU 7.2 COLO not run")
     print(json.dumps({"bench": "colo", "mem_mib": args.mem, "period_ms": args.period_ms,
                       "runs": runs, "failures": failures}))
