@@ -23,6 +23,10 @@
 //!   finds the alone mark and retires (status 1): exactly one server, and
 //!   never a stale one.
 //!
+//! - checkpoints every 2 s for over 3 minutes with a client's stream
+//!   running through the pair: none abandoned, still protected, every byte
+//!   arrived.
+//!
 //! A client's TCP stream runs through the pair (the compare) and across the
 //! primary's death. Not here yet (see the README): disk replication.
 
@@ -422,4 +426,41 @@ fn differing_replies(pair: &Pair) {
         s["checkpoints"]["by_reason"]["mismatch"].as_u64() >= Some(1),
         "{s}"
     );
+}
+
+/// A stream for the long test: 4 MiB, 16 KiB every 750 ms (some 3 min 12 s).
+const LONG: Pace = Pace {
+    bytes: 4 << 20,
+    piece: 16 << 10,
+    every: Duration::from_millis(750),
+};
+
+/// Checkpoints every 2 s for over 3 minutes while a client's stream runs
+/// through the pair: no hang (every checkpoint committed, none abandoned,
+/// the pair still protected, the console answers) and no lost byte.
+#[test]
+fn three_minutes_of_checkpoints_with_traffic() {
+    let mut pair = Pair::new("colo-d");
+    let stream = Stream::start(&mut pair.primary, &pair.ns, 5005, 33, LONG);
+    pair.start(1);
+    let t = Instant::now();
+    phase("d: protected, the stream runs");
+    while stream.running() {
+        assert!(t.elapsed() < Duration::from_secs(600), "the stream hangs");
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    let took = t.elapsed();
+    let s = status(&pair.primary_api);
+    phase(&format!(
+        "d: the stream took {:.0} s: {}",
+        took.as_secs_f64(),
+        s["checkpoints"]
+    ));
+    assert!(took > Duration::from_secs(180), "{took:?}");
+    assert_eq!(s["state"], "protected", "{s}");
+    assert_eq!(s["checkpoints"]["abandoned"], 0, "{s}");
+    let total = s["checkpoints"]["total"].as_u64().unwrap_or(0);
+    assert!(total >= 80, "{total} checkpoints in {took:?}");
+    assert_eq!(status(&pair.secondary_api)["state"], "protected");
+    stream.check(&mut pair.primary);
 }
