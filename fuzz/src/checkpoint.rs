@@ -11,17 +11,39 @@
 //! all land inside guest memory.
 
 use migration::protocol::{self, MemoryBatch, Message};
+use replication::journal::SecondaryDisk;
 use vmm::boot::layout;
 use vmm::colo::incoming::{read_checkpoint, write_pages};
 
 use crate::stream::{manifest, memory, reset, MEM};
 
+/// The secondary's disk here, bytes.
+const DISK: usize = 1 << 20;
+
 /// Reads a checkpoint from `bytes`: `Ok(pages)` when a whole one was taken.
 pub fn receive(bytes: &[u8]) -> Result<u64, String> {
     let ours = manifest();
     let limit = MEM / protocol::PAGE_SIZE;
-    let c = read_checkpoint(&mut &bytes[..], &layout::ram_ranges(MEM), limit, &ours)
-        .map_err(|e| e.to_string())?;
+    // The primary's disk writes go to a journal over a small disk, as the
+    // secondary's replica does.
+    let mut disk = SecondaryDisk::new(vec![0u8; DISK], DISK as u64);
+    let mut journal = |w: &protocol::colo::DiskWrite| {
+        if w.disk != 0 {
+            return Err(vmm::colo::ColoError::Refused("no such disk".into()));
+        }
+        disk.journal_primary_write(w.offset, &w.data)
+            .map_err(|e| vmm::colo::ColoError::Refused(e.to_string()))
+    };
+    let c = read_checkpoint(
+        &mut &bytes[..],
+        &layout::ram_ranges(MEM),
+        limit,
+        &ours,
+        &mut journal,
+    )
+    .map_err(|e| e.to_string())?;
+    disk.commit_checkpoint()
+        .unwrap_or_else(|e| panic!("a journal over memory failed its commit: {e}"));
     assert!(c.pages <= limit, "{} pages taken for {limit}", c.pages);
     assert_eq!(c.state.manifest.mem_bytes, MEM, "another VM's state taken");
     let mem = memory();
@@ -32,10 +54,16 @@ pub fn receive(bytes: &[u8]) -> Result<u64, String> {
     Ok(c.pages)
 }
 
-/// A well-formed checkpoint: `batches`, the state `image`, the commit.
+/// A well-formed checkpoint: a disk write, `batches`, the state `image`,
+/// the commit.
 pub fn checkpoint(batches: &[MemoryBatch], image: Vec<u8>) -> Vec<u8> {
     let mut out = Vec::new();
-    let mut msgs: Vec<Message> = batches.iter().cloned().map(Message::Memory).collect();
+    let mut msgs = vec![Message::DiskWrite(protocol::colo::DiskWrite {
+        disk: 0,
+        offset: 4096,
+        data: vec![0x5a; 512],
+    })];
+    msgs.extend(batches.iter().cloned().map(Message::Memory));
     msgs.push(Message::State(image));
     msgs.push(Message::Commit);
     for m in &msgs {

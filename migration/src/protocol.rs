@@ -48,6 +48,9 @@
 //!             secondary's guest wrote since the last committed checkpoint
 //! Commit      empty: the checkpoint (Memory x n, State) is whole
 //! Committed   empty: the secondary applied it, paused
+//! DiskWrite   4 disk (index among the disks), 8 offset, then 1 to
+//!             DISK_WRITE_MAX bytes: what the primary's guest wrote there,
+//!             journaled by the secondary until the next Commit
 //! ```
 //!
 //! # Sequence
@@ -79,14 +82,19 @@
 //!   <------------------------------------  Accept  (or Abandon: they differ)
 //!   Heartbeat ------------------------->   (any message is a sign of life)
 //!   <------------------------------------  Heartbeat
+//!   DiskWrite x n (its guest's writes,->   journaled, not applied
+//!   as they happen)
 //!   Checkpoint e ---------------------->   pauses its guest
 //!   <------------------------------------  Dirty (its pages since e-1)
 //!   pauses its guest
+//!   DiskWrite x n (the last writes) --->   journaled
 //!   Memory x n (its dirty pages OR the -->  buffered, checked, not applied
 //!   secondary's)
 //!   State ----------------------------->   buffered, checked
 //!   Commit ---------------------------->   writes the pages, applies the
-//!                                          state: an exact copy
+//!                                          state and the disk journal,
+//!                                          drops its own disk writes:
+//!                                          an exact copy
 //!   <------------------------------------  Committed
 //!   resumes                                resumes
 //! ```
@@ -199,6 +207,7 @@ pub enum Command {
     Commit = 13,
     Committed = 14,
     Disks = 15,
+    DiskWrite = 16,
 }
 
 impl Command {
@@ -219,6 +228,7 @@ impl Command {
             13 => Command::Commit,
             14 => Command::Committed,
             15 => Command::Disks,
+            16 => Command::DiskWrite,
             other => return Err(ProtocolError::UnknownCommand(other)),
         })
     }
@@ -241,6 +251,7 @@ impl Command {
             Command::Commit => "Commit",
             Command::Committed => "Committed",
             Command::Disks => "Disks",
+            Command::DiskWrite => "DiskWrite",
         }
     }
 }
@@ -329,6 +340,7 @@ pub enum Message {
     Commit,
     Committed,
     Disks(Vec<[u8; 32]>),
+    DiskWrite(colo::DiskWrite),
 }
 
 impl Message {
@@ -350,6 +362,7 @@ impl Message {
             Message::Commit => Command::Commit,
             Message::Committed => Command::Committed,
             Message::Disks(_) => Command::Disks,
+            Message::DiskWrite(_) => Command::DiskWrite,
         }
     }
 
@@ -377,6 +390,7 @@ impl Message {
             Message::Checkpoint { epoch } => epoch.to_le_bytes().to_vec(),
             Message::Dirty(spans) => colo::encode_spans(spans),
             Message::Disks(sums) => colo::encode_sums(sums),
+            Message::DiskWrite(w) => w.encode(),
         })
     }
 }
@@ -512,6 +526,7 @@ fn decode(command: Command, p: Vec<u8>) -> Result<Message> {
             }),
         Command::Dirty => colo::decode_spans(&p).map(Message::Dirty),
         Command::Disks => colo::decode_sums(&p).map(Message::Disks),
+        Command::DiskWrite => colo::DiskWrite::decode(p).map(Message::DiskWrite),
     }
 }
 

@@ -43,6 +43,9 @@ pub enum Reason {
     Queue,
     /// An operator or another part of the VMM asked for one.
     Demand,
+    /// The primary's disk writes since the last checkpoint reached the
+    /// secondary journal's share (the journal is emptied by a commit).
+    Disk,
 }
 
 /// Errors of the scheduler: calls out of order.
@@ -83,6 +86,7 @@ pub struct ByReason {
     pub period: u64,
     pub queue: u64,
     pub demand: u64,
+    pub disk: u64,
 }
 
 impl ByReason {
@@ -93,6 +97,7 @@ impl ByReason {
             Reason::Period => &mut self.period,
             Reason::Queue => &mut self.queue,
             Reason::Demand => &mut self.demand,
+            Reason::Disk => &mut self.disk,
         };
         *slot += 1;
     }

@@ -11,7 +11,12 @@
 //!   has its checksum, the counting loop goes on, and the guest answers
 //!   pings through the bridge on the secondary's own tap. Before that, a
 //!   forced failover on the secondary is refused while the primary holds
-//!   the lease (never two servers).
+//!   the lease (never two servers). The guest mounts its disk and writes
+//!   files to it across checkpoints (the primary's writes forwarded and
+//!   journaled, the secondary's own in its overlay): after the failover
+//!   they read back, and once the guest wrote one more, synced and
+//!   unmounted, the secondary's image is clean (`e2fsck -fn`) and holds
+//!   all of them.
 //! - a service whose replies differ between the two guests: mismatches
 //!   make checkpoints, and the client gets each reply whole;
 //! - the secondary is killed: the primary goes on alone (`primary_alone`,
@@ -28,7 +33,7 @@
 //!   arrived.
 //!
 //! A client's TCP stream runs through the pair (the compare) and across the
-//! primary's death. Not here yet (see the README): disk replication.
+//! primary's death.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -42,10 +47,10 @@ const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// Checkpoints every 2 s, a heartbeat every 100 ms, lost after 1 s.
 const PERIOD_MS: &str = "2000";
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(1000);
-/// The client's stream: 2 MiB, 16 KiB every 200 ms (some 26 s), so that
+/// The client's stream: 3 MiB, 16 KiB every 200 ms (some 39 s), so that
 /// it runs from before the pair started until after the failover.
 const THROUGH: Pace = Pace {
-    bytes: 2 << 20,
+    bytes: 3 << 20,
     piece: 16 << 10,
     every: Duration::from_millis(200),
 };
@@ -60,6 +65,8 @@ struct Pair {
     primary_api: PathBuf,
     secondary: TestVm,
     secondary_api: PathBuf,
+    /// The secondary's disk image.
+    secondary_disk: PathBuf,
     addr: String,
     lease: PathBuf,
 }
@@ -83,7 +90,8 @@ impl Pair {
         let addr = format!("unix:{}", sock.display());
         let lease = scratch(&format!("{tag}-colo.lock"));
         let secondary_api = scratch(&format!("{tag}-s.api"));
-        let mut secondary = secondary(&ns, &addr, &lease, &secondary_api, disk_copy());
+        let secondary_disk = disk_copy();
+        let mut secondary = secondary(&ns, &addr, &lease, &secondary_api, secondary_disk.clone());
         secondary.remove_on_drop(sock);
         let mut mark = lease.clone().into_os_string();
         mark.push(".alone");
@@ -95,6 +103,7 @@ impl Pair {
             primary_api,
             secondary,
             secondary_api,
+            secondary_disk,
             addr,
             lease,
         }
@@ -168,8 +177,13 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The counting loop's last number (the shell may first report a
+/// background job that ended: the last line).
 fn count(vm: &mut TestVm) -> u64 {
-    vm.ok(LAST_COUNT, CMD).parse().expect("a count")
+    let out = vm.ok(LAST_COUNT, CMD);
+    let last = out.lines().last().unwrap_or_default().trim();
+    last.parse()
+        .unwrap_or_else(|e| panic!("a count: {e}: {out:?}"))
 }
 
 #[test]
@@ -193,15 +207,28 @@ fn the_secondary_takes_over_when_the_primary_dies() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(status(&pair.secondary_api)["state"], "protected");
     assert_eq!(status(&pair.primary_api)["state"], "protected");
+    phase("a: a forced failover refused while the primary lives");
 
     // A file written after the pair started reaches the secondary only
     // through a checkpoint.
     pair.primary.ok(
-        "awk 'BEGIN{srand(5); for(i=0;i<4096;i++) printf \"%08x\", rand()*2147483648}' \
-         > /tmp/colo",
+        "dd if=/dev/urandom of=/tmp/colo bs=32768 count=1 2>/dev/null",
         CMD,
     );
     let sum = pair.primary.ok("sha256sum /tmp/colo", CMD);
+    phase("a: a file in guest memory");
+    // The disk: written, a checkpoint, written again.
+    pair.primary.ok(
+        "mount -t ext4 /dev/vda /mnt && cp /tmp/colo /mnt/one && sync",
+        CMD,
+    );
+    let seen = status(&pair.primary_api)["checkpoints"]["total"]
+        .as_u64()
+        .unwrap_or(0);
+    phase("a: the disk mounted, a file written and synced");
+    pair.wait_checkpoints(seen + 1);
+    pair.primary.ok("cp /tmp/colo /mnt/two && sync", CMD);
+    phase("a: a checkpoint, and a second file");
     let before = count(&mut pair.primary);
     let seen = status(&pair.primary_api)["checkpoints"]["total"]
         .as_u64()
@@ -237,6 +264,17 @@ fn the_secondary_takes_over_when_the_primary_dies() {
     vm.number_from(100_000);
     vm.run("true", CMD);
     assert_eq!(vm.ok("sha256sum /tmp/colo", CMD), sum);
+    let hash = sum
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    for f in ["/mnt/one", "/mnt/two"] {
+        let got = vm.ok(&format!("sha256sum {f}"), CMD);
+        assert!(got.starts_with(&hash), "{f} after the failover: {got}");
+    }
+    vm.ok("echo served-after > /mnt/three && sync && umount /mnt", CMD);
+    disk_holds(&pair.secondary_disk, &hash);
     let after = count(vm);
     assert!(
         after >= before,
@@ -310,6 +348,27 @@ fn the_primary_goes_on_alone_when_the_secondary_dies() {
     let (code, a) = ctl(&pair.primary_api, &["resume"]);
     assert_eq!(code, 0, "resume: {a}");
     phase("b: the primary goes on alone");
+}
+
+/// The secondary's image, its guest's disk unmounted after the failover:
+/// clean, with the files written before (`hash` each) and after it.
+fn disk_holds(image: &Path, hash: &str) {
+    let image = image.to_str().expect("a UTF-8 path");
+    let tool = |name: &str, args: &[&str]| {
+        std::process::Command::new(name)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{name}: {e} (install e2fsprogs)"))
+    };
+    let fsck = tool("e2fsck", &["-fn", image]);
+    assert_eq!(fsck.status.code(), Some(0), "e2fsck -fn: {fsck:?}");
+    for f in ["/one", "/two"] {
+        let out = tool("debugfs", &["-R", &format!("cat {f}"), image]);
+        let got = tandem_tests::hex(&<sha2::Sha256 as sha2::Digest>::digest(&out.stdout));
+        assert_eq!(got, hash, "{f} in the image");
+    }
+    let out = tool("debugfs", &["-R", "cat /three", image]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "served-after");
 }
 
 fn signal(vm: &TestVm, sig: &str) {

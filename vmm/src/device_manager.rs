@@ -21,11 +21,8 @@ use std::sync::{Arc, Mutex};
 use devices::i8042::I8042;
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
 use devices::virtio::block::backend::DiskBackend;
-use devices::virtio::block::disk::{DiskError, DiskFile};
-use devices::virtio::block::frozen::{Frozen, Thaw};
-use devices::virtio::block::handler::BlockHandler;
+use devices::virtio::block::disk::DiskError;
 use devices::virtio::block::metrics::BlockMetrics;
-use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::mmio::{
     Interrupt, MmioTransport, TransportStateError, MMIO_WINDOW, NOTIFY_OFFSET,
 };
@@ -49,6 +46,9 @@ use crate::console::ConsoleOut;
 use crate::exit::ExitSignal;
 use crate::exit_counts::ExitCounts;
 use crate::kvm_util::{kvm_op, KvmOp};
+
+mod disks;
+pub use disks::ColoDisk;
 
 const I8042_PORT: u64 = 0x60;
 const I8042_PORTS: u64 = 5;
@@ -202,8 +202,8 @@ pub enum Report {
         counters: Arc<BlockMetrics>,
         /// For the lock's hand-over at a migration's switch-over.
         backend: Arc<dyn DiskBackend>,
-        /// A COLO secondary's: lets the guest's writes through.
-        thaw: Option<Thaw>,
+        /// What COLO holds of it.
+        colo: disks::ColoDisk,
     },
 }
 
@@ -275,47 +275,6 @@ impl VirtioSlot {
 
     /// Puts a saved transport state back (the VM paused; a live device is
     /// reset and restarted on the saved queues).
-    /// A disk's image lock taken (`held`) or released, after its completed
-    /// writes are made durable; `None` for a device that is not a disk.
-    pub fn hold_disk_lock(&self, held: bool) -> Option<std::io::Result<()>> {
-        match &self.report {
-            Report::Disk { backend, .. } => {
-                Some(backend.flush().and_then(|()| backend.hold_lock(held)))
-            }
-            _ => None,
-        }
-    }
-
-    /// A COLO secondary's takeover: lets the guest's writes through to the
-    /// image (`None`: not a disk).
-    pub fn thaw_disk(&self) {
-        if let Report::Disk {
-            thaw: Some(thaw), ..
-        } = &self.report
-        {
-            thaw.thaw();
-        }
-    }
-
-    /// Requests that changed a disk's content so far (`None`: not a disk).
-    pub fn disk_writes(&self) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        match &self.report {
-            Report::Disk { counters: c, .. } => Some(
-                c.writes.load(Relaxed) + c.discards.load(Relaxed) + c.write_zeroes.load(Relaxed),
-            ),
-            _ => None,
-        }
-    }
-
-    /// Makes a disk's completed writes durable (`None`: not a disk).
-    pub fn flush_disk(&self) -> Option<std::io::Result<()>> {
-        match &self.report {
-            Report::Disk { backend, .. } => Some(backend.flush()),
-            _ => None,
-        }
-    }
-
     /// A NIC's self-announce (RARP from its MAC) out of its backend;
     /// `None` for a device that is not a NIC.
     pub fn announce(&self) -> Option<std::io::Result<usize>> {
@@ -400,7 +359,7 @@ pub struct DeviceManager {
     /// the lock is taken at the switch-over).
     pub defer_disk_locks: bool,
     /// A COLO secondary's devices: NICs detached from their taps, disks
-    /// frozen (until it takes over).
+    /// replicas (journal and overlay, until it takes over).
     pub secondary: bool,
 }
 
@@ -508,10 +467,10 @@ impl DeviceManager {
                 self.add_virtio(c, 2, |w| net_parts(spec, i, w, detach))?;
             }
         }
-        let (defer, freeze) = (self.defer_disk_locks, self.secondary);
+        let (defer, replica) = (self.defer_disk_locks, self.secondary);
         for spec in disks {
             if let Some(c) = configs.next() {
-                self.add_virtio(c, 1, |w| disk_parts(spec, w, defer, freeze))?;
+                self.add_virtio(c, 1, |w| disks::disk_parts(spec, w, defer, replica))?;
             }
         }
         Ok(())
@@ -669,69 +628,6 @@ fn net_parts(
             sndbuf: spec.sndbuf,
             counters,
             handler,
-        },
-    })
-}
-
-/// A virtio-blk device on the image of `spec`.
-/// With `defer_lock` (a migration's destination) the image is opened
-/// without its lock, which is taken at the switch-over; with `freeze` (a
-/// COLO secondary's) the guest's writes fail until it is thawed.
-fn disk_parts(
-    spec: &DiskSpec,
-    w: Wiring,
-    defer_lock: bool,
-    freeze: bool,
-) -> Result<VirtioParts, DeviceError> {
-    let path = spec.path.display().to_string();
-    let open = if defer_lock {
-        DiskFile::open_unlocked
-    } else {
-        DiskFile::open
-    };
-    let file = open(&spec.path, spec.readonly).map_err(|source| DeviceError::Disk {
-        path: path.clone(),
-        source,
-    })?;
-    let id = spec
-        .id
-        .clone()
-        .unwrap_or_else(|| config::default_disk_id(&spec.path));
-    let activate = eventfd()?;
-    let evt = activate.try_clone().map_err(DeviceError::EventFd)?;
-    let (block, thaw) = if freeze {
-        let (frozen, thaw) = Frozen::new(file);
-        (
-            Block::new(BlockConfig::with_id(&id), frozen, evt),
-            Some(thaw),
-        )
-    } else {
-        (Block::new(BlockConfig::with_id(&id), file, evt), None)
-    };
-    let Some(queue_evt) = w.queue_evts.into_iter().next() else {
-        return Err(DeviceError::EventFd(io::Error::other("one queue wanted")));
-    };
-    let counters = block.metrics.clone();
-    let disk = block.disk();
-    let handler = BlockHandler::new(
-        block.state(),
-        block.disk(),
-        block.id(),
-        activate,
-        queue_evt,
-        w.interrupt,
-        counters.clone(),
-    );
-    Ok(VirtioParts {
-        device: Box::new(block),
-        handler: Arc::new(Mutex::new(handler)),
-        report: Report::Disk {
-            path,
-            id,
-            readonly: spec.readonly,
-            counters,
-            backend: disk,
-            thaw,
         },
     })
 }

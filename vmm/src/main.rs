@@ -127,8 +127,8 @@ enum Verb {
     /// waiting at ADDR (`tandem run --colo secondary --colo-listen ADDR`):
     /// a full sync first (a migration that keeps the guest here), then a
     /// checkpoint at once and every --checkpoint-period-ms, and heartbeats.
-    /// Answers at once; follow it with colo-status. A VM with a disk is
-    /// refused (disks are not replicated yet).
+    /// Answers at once; follow it with colo-status. Writable disks are
+    /// replicated (the images must start equal: they are hashed).
     ColoStart {
         /// The secondary: tcp:HOST:PORT or unix:PATH.
         to: String,

@@ -129,6 +129,52 @@ pub(super) fn decode_sums(p: &[u8]) -> Result<Vec<[u8; 32]>, ProtocolError> {
         .collect())
 }
 
+/// The most bytes one `DiskWrite` carries.
+pub const DISK_WRITE_MAX: usize = 1 << 20;
+
+/// A write of the primary's guest to one of its disks, forwarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskWrite {
+    /// The disk's index among the VM's disks (device order).
+    pub disk: u32,
+    /// Byte offset in the image.
+    pub offset: u64,
+    /// 1 to [`DISK_WRITE_MAX`] bytes.
+    pub data: Vec<u8>,
+}
+
+impl DiskWrite {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::with_capacity(12 + self.data.len());
+        p.extend_from_slice(&self.disk.to_le_bytes());
+        p.extend_from_slice(&self.offset.to_le_bytes());
+        p.extend_from_slice(&self.data);
+        p
+    }
+
+    /// Decodes a payload (taken whole: the data is its tail). The range
+    /// is checked against the disk by the receiver.
+    pub(super) fn decode(mut p: Vec<u8>) -> Result<DiskWrite, ProtocolError> {
+        let data_len = p.len().saturating_sub(12);
+        if p.len() <= 12 || data_len > DISK_WRITE_MAX {
+            return Err(ProtocolError::Malformed {
+                command: "DiskWrite",
+                msg: format!("{data_len} bytes of data (1 to {DISK_WRITE_MAX})"),
+            });
+        }
+        let mut disk = [0u8; 4];
+        disk.copy_from_slice(&p[..4]);
+        let mut offset = [0u8; 8];
+        offset.copy_from_slice(&p[4..12]);
+        let data = p.split_off(12);
+        Ok(DiskWrite {
+            disk: u32::from_le_bytes(disk),
+            offset: u64::from_le_bytes(offset),
+            data,
+        })
+    }
+}
+
 /// Checks every span against `layout` (the receiver's regions as
 /// `(gpa, length)`): page-aligned, each inside one region.
 pub fn check_spans(spans: &[Span], layout: &[(u64, u64)]) -> Result<(), ProtocolError> {
@@ -201,6 +247,11 @@ mod tests {
             Message::Committed,
             Message::Disks(vec![[7u8; 32], [0u8; 32]]),
             Message::Disks(Vec::new()),
+            Message::DiskWrite(DiskWrite {
+                disk: 1,
+                offset: 4096,
+                data: vec![9; 700],
+            }),
         ] {
             assert_eq!(round_trip(&m).ok(), Some(m));
         }
@@ -219,6 +270,11 @@ mod tests {
         assert!(decode_spans(&[]).is_err());
         assert!(decode_sums(&[1, 0, 0, 0]).is_err());
         assert!(decode_sums(&[65, 0, 0, 0]).is_err());
+        // No data; too much data.
+        assert!(DiskWrite::decode(vec![0; 12]).is_err());
+        assert!(DiskWrite::decode(vec![0; 5]).is_err());
+        assert!(DiskWrite::decode(vec![0; 12 + DISK_WRITE_MAX + 1]).is_err());
+        assert!(DiskWrite::decode(vec![0; 12 + DISK_WRITE_MAX]).is_ok());
     }
 
     #[test]

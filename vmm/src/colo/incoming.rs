@@ -1,7 +1,9 @@
 //! One checkpoint as the secondary reads it, short of KVM (what the
-//! `colo_checkpoint` fuzz target runs): after its `Dirty` went out, memory
-//! batches until `Commit`, and one state image, all held until the commit
-//! before anything is applied.
+//! `colo_checkpoint` fuzz target runs): after its `Dirty` went out, the
+//! primary's last disk writes (handed to the caller's journal, which
+//! applies nothing before the commit either), memory batches until
+//! `Commit`, and one state image, all held until the commit before
+//! anything is applied.
 //!
 //! Pure but for the stream it reads; called on the secondary's `incoming`
 //! thread. Everything read is the peer's and hostile: each batch is checked
@@ -14,6 +16,7 @@
 use std::io::{Cursor, Read};
 
 use devices::GuestMemoryMmap;
+use migration::protocol::colo::DiskWrite;
 use migration::protocol::{self, MemoryBatch, Message, ProtocolError};
 use migration::Manifest;
 
@@ -28,14 +31,15 @@ pub struct Checkpoint {
     pub pages: u64,
 }
 
-/// Reads one checkpoint from `conn`: batches checked against `layout`, at
-/// most `limit` pages in all, one state checked against `ours`, then the
-/// commit.
+/// Reads one checkpoint from `conn`: disk writes to `journal`, batches
+/// checked against `layout`, at most `limit` pages in all, one state
+/// checked against `ours`, then the commit.
 pub fn read_checkpoint<R: Read>(
     conn: &mut R,
     layout: &[(u64, u64)],
     limit: u64,
     ours: &Manifest,
+    journal: &mut dyn FnMut(&DiskWrite) -> Result<(), ColoError>,
 ) -> Result<Checkpoint, ColoError> {
     let mut batches = Vec::new();
     let mut pages = 0u64;
@@ -50,6 +54,7 @@ pub fn read_checkpoint<R: Read>(
                 }
                 batches.push(b);
             }
+            Message::DiskWrite(w) => journal(&w)?,
             Message::State(i) if image.is_none() => image = Some(i),
             Message::Commit => break,
             Message::Abandon(why) => return Err(ProtocolError::Abandoned(why).into()),

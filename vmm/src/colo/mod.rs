@@ -9,6 +9,9 @@
 //!   whole checkpoints, takes over when the primary is lost.
 //! - [`dirty`]: dirty bitmaps and page spans, both ways.
 //! - [`disks`]: both sides' disk images checked equal at the start.
+//! - [`forward`] and [`replica`]: the disks' replication, the primary's
+//!   guest writes forwarded as they happen, the secondary's journal and
+//!   overlay.
 //! - [`incoming`]: one checkpoint as the secondary reads it (checked, held
 //!   whole), short of KVM.
 //! - [`proxy`] and [`link`]: each side's network proxy thread (mirror,
@@ -20,16 +23,16 @@
 //! ([`replication::arbiter::LockFileLease`] on one host), never a guess.
 //!
 //! Not yet: the sequence rewriting after a failover (for connections
-//! opened since the last checkpoint) and the disks' replication (the
-//! primary's guest writing to a disk ends the pair; the secondary's disks
-//! refuse its guest's writes until it takes over).
+//! opened since the last checkpoint).
 
 pub mod dirty;
 pub mod disks;
+pub mod forward;
 pub mod incoming;
 pub mod link;
 pub mod primary;
 pub mod proxy;
+pub mod replica;
 pub mod secondary;
 
 use std::path::{Path, PathBuf};
@@ -156,6 +159,10 @@ pub struct Report {
     pub compare: Option<replication::compare::Counters>,
     /// The network proxy's frames.
     pub proxy: Option<proxy::ProxyCounters>,
+    /// The primary's disk writes forwarded to the secondary, bytes.
+    pub disk_bytes_forwarded: u64,
+    /// The secondary's writable disks: journal and overlay.
+    pub disks: Vec<replication::journal::DiskStats>,
 }
 
 impl Report {
@@ -180,6 +187,8 @@ impl Report {
             dropped_checkpoints: 0,
             compare: None,
             proxy: None,
+            disk_bytes_forwarded: 0,
+            disks: Vec::new(),
         }
     }
 }

@@ -3,8 +3,13 @@
 //! that keeps the guest here), then heartbeats and checkpoints until the
 //! pair ends, and holds the lease as long as this VM serves.
 //!
+//! Its guest's disk writes go to the secondary as they happen (a share at
+//! each turn, [`super::forward`]), and a checkpoint is taken when they
+//! fill an eighth of the secondary's journal.
+//!
 //! A checkpoint: `Checkpoint e` → the secondary pauses and answers with the
-//! pages its guest wrote → this VM pauses → its own dirty pages OR the
+//! pages its guest wrote → this VM pauses → its last disk writes, its own
+//! dirty pages OR the
 //! secondary's go out, then the vCPU and device state, then `Commit` → the
 //! secondary applies it all and answers `Committed` → this VM resumes. The
 //! secondary thus becomes an exact copy with no second copy of guest
@@ -28,6 +33,7 @@ use replication::arbiter::{Arbiter, LockFileLease};
 use replication::failover::{Action, Failover, Role, State};
 use replication::schedule::{self, Reason, Scheduler};
 
+use super::forward::Forwarder;
 use super::proxy::{Cmd, Proxy};
 use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Report, Side};
 use crate::boot::layout;
@@ -48,6 +54,8 @@ const PROXY_WAIT: Duration = Duration::from_secs(5);
 const SUMS_WAIT: Duration = Duration::from_secs(120);
 /// The thread's turn when nothing is due.
 const TURN: Duration = Duration::from_millis(10);
+/// Disk writes forwarded at one turn, at most (the rest at the next).
+const TURN_DISK_BYTES: u64 = 4 << 20;
 
 /// The primary's side of a pair: its thread and its report.
 pub struct Primary {
@@ -107,7 +115,15 @@ fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
         Ok(f) => f,
         Err(e) => return not_started(side, e.into()),
     };
-    let writes = disk_writes(vm);
+    // Before the disks are hashed: nothing the guest writes from now on
+    // is missed.
+    let forward = match Forwarder::start(vm) {
+        Ok(f) => f,
+        Err(e) => {
+            lease.release();
+            return not_started(side, e);
+        }
+    };
     let synced = sync(vm, params, side).and_then(|c| {
         let proxy = start_proxy(vm, params, side_arc.clone());
         if proxy.is_err() {
@@ -145,7 +161,7 @@ fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
         ),
         layout: layout::ram_ranges(vm.manifest().mem_bytes),
         timeout: Duration::from_millis(u64::from(params.heartbeat_timeout_ms)),
-        writes,
+        forward: Some(forward),
         proxy,
     };
     // The first checkpoint at once: the secondary is protected from it on.
@@ -210,8 +226,8 @@ struct Pair<'a> {
     sched: Scheduler,
     layout: Vec<(u64, u64)>,
     timeout: Duration,
-    /// The guest's disk writes when the pair started.
-    writes: u64,
+    /// The guest's disk writes on their way (`None` once the pair ended).
+    forward: Option<Forwarder>,
     proxy: Proxy,
 }
 
@@ -239,9 +255,15 @@ impl Pair<'_> {
             for r in self.side.requested() {
                 self.sched.request(r, now);
             }
-            if disk_writes(self.vm) != self.writes {
-                let why = "the guest wrote to a disk, and disks are not replicated yet";
-                actions.extend(self.fo.give_up(why, self.lease));
+            if let Some(f) = self.forward.as_mut() {
+                match f.send(conn, TURN_DISK_BYTES) {
+                    Ok(_) if f.due() => self.sched.request(Reason::Disk, now),
+                    Ok(_) => {}
+                    Err(e) => {
+                        log::warn!("COLO: forwarding disk writes: {e}");
+                        actions.extend(self.fo.connection_lost(self.lease));
+                    }
+                }
             }
             if !actions.is_empty() {
                 self.act(conn, actions);
@@ -276,6 +298,7 @@ impl Pair<'_> {
                 },
                 Action::StopReplication => {
                     conn.shutdown();
+                    self.forward = None;
                     if let Err(e) = self.vm.ram().stop_dirty_log() {
                         log::warn!("COLO: dirty log not stopped: {e}");
                     }
@@ -313,8 +336,18 @@ impl Pair<'_> {
                 log::error!("COLO: the network proxy did not take checkpoint {epoch}");
             }
         };
-        match checkpoint(self.vm, conn, epoch, &self.layout, self.timeout, &on_commit) {
+        let Some(forward) = self.forward.as_mut() else {
+            return;
+        };
+        let to = Target {
+            conn,
+            forward,
+            layout: &self.layout,
+            timeout: self.timeout,
+        };
+        match checkpoint(self.vm, to, epoch, &on_commit) {
             Ok(done) => {
+                forward.committed();
                 let _ = self.sched.finished(Instant::now(), done.pause, done.bytes);
                 self.side.update(|r| {
                     r.secondary_pages += done.theirs;
@@ -354,6 +387,7 @@ impl Pair<'_> {
             r.epoch = s.epoch;
             r.reason = s.reason;
             r.checkpoints = Some(stats);
+            r.disk_bytes_forwarded = self.forward.as_ref().map_or(0, Forwarder::total);
         });
     }
 }
@@ -402,11 +436,6 @@ fn start_proxy(vm: &VmHandle, params: &Params, side: Arc<Side>) -> Result<Proxy,
     Proxy::primary(nics, link, compare, side).map_err(ColoError::Stream)
 }
 
-/// Writes the guest's disks have taken so far.
-fn disk_writes(vm: &VmHandle) -> u64 {
-    vm.virtio().iter().filter_map(|s| s.disk_writes()).sum()
-}
-
 /// Asks the secondary for a heartbeat and waits for it (the stream's read
 /// timeout is the heartbeat timeout).
 fn heartbeat(conn: &mut Conn) -> Result<(), ColoError> {
@@ -423,27 +452,40 @@ struct Done {
     theirs: u64,
 }
 
+/// Where a checkpoint goes, and what it carries besides memory and state.
+struct Target<'a> {
+    conn: &'a mut Conn,
+    forward: &'a mut Forwarder,
+    /// This VM's memory regions (the secondary's spans are checked).
+    layout: &'a [(u64, u64)],
+    /// The stream's timeout after the checkpoint (the heartbeat's).
+    timeout: Duration,
+}
+
 /// One checkpoint (see the module doc); the guest is resumed whatever
 /// happens (unless the user had paused it).
 fn checkpoint(
     vm: &VmHandle,
-    conn: &mut Conn,
+    to: Target<'_>,
     epoch: u64,
-    layout: &[(u64, u64)],
-    timeout: Duration,
     on_commit: &dyn Fn(),
 ) -> Result<Done, ColoError> {
+    let conn = to.conn;
     protocol::write_message(conn, &Message::Checkpoint { epoch })?;
     let Message::Dirty(spans) = protocol::expect(conn, Command::Dirty)? else {
         return Err(ColoError::Refused("no Dirty".into()));
     };
-    check_spans(&spans, layout)?;
+    check_spans(&spans, to.layout)?;
     let t0 = Instant::now();
     let was_paused = vm.is_paused();
     if !was_paused {
         vm.pause()?;
     }
-    let sent = send_checkpoint(vm, conn, &spans, timeout);
+    // Paused, the device thread parked: every write is complete.
+    let sent = to
+        .forward
+        .send(conn, u64::MAX)
+        .and_then(|disk| send_checkpoint(vm, conn, &spans, to.timeout).map(|(b, t)| (b + disk, t)));
     if sent.is_ok() {
         // Both guests paused: the proxy settles the frames of before.
         on_commit();

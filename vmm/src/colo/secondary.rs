@@ -4,12 +4,16 @@
 //! when the primary is lost takes over under the lease, or retires.
 //!
 //! Its guest runs from the last checkpoint with its NICs detached (it
-//! neither reads nor writes its taps). A checkpoint is buffered whole, each
+//! neither reads nor writes its taps) and its writable disks replicas
+//! ([`super::replica`]): the primary's forwarded writes are journaled as
+//! they come and applied at each commit, its own guest's writes live in an
+//! overlay until then. A checkpoint is buffered whole, each
 //! batch checked against this VM's layout and the total bounded by its
 //! memory size, and applied only at `Commit`; one that does not arrive
 //! whole is dropped, and the guest goes on from its own state (the pages it
-//! wrote stay owed to the next checkpoint). At takeover its taps are
-//! attached and its MAC announced.
+//! wrote stay owed to the next checkpoint). At takeover its disks' overlays
+//! go into their images (the journal since the last commit is dropped),
+//! its taps are attached and its MAC announced.
 //!
 //! Never does: serve (attach a tap) without holding the lease, or when the
 //! lease's alone mark says the primary served past this side's last
@@ -18,6 +22,8 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+
+use migration::protocol::colo::DiskWrite;
 use std::time::{Duration, Instant};
 
 use migration::protocol::{self, Command, Message, ProtocolError};
@@ -25,6 +31,7 @@ use replication::arbiter::LockFileLease;
 use replication::failover::{Action, Failover, Role, State};
 
 use super::proxy::{Cmd, Proxy};
+use super::replica::{self, Replica};
 use super::{dirty, failover_config, incoming, ColoError, Report, Side};
 use crate::boot::layout;
 use crate::exit::VmExit;
@@ -112,6 +119,7 @@ fn serve(vm: &VmHandle, mut conn: Conn, listener: &Listener, side: &Side) -> Res
         layout: layout::ram_ranges(vm.manifest().mem_bytes),
         limit: vm.manifest().mem_bytes / protocol::PAGE_SIZE,
         proxy: Some(proxy),
+        replicas: replica::of(vm),
     };
     let actions = match rx.replicate(&mut conn, &mut fo, &mut lease) {
         Ended::Stopped => return Ok(()),
@@ -157,7 +165,7 @@ fn after_pair(
                     Err(e) => actions.extend(fo.takeover_failed(&e, lease)),
                 },
                 Action::Retire(why) => {
-                    report(side, fo);
+                    report(vm, side, fo);
                     vm.exit().signal(VmExit::Retired(why));
                     return;
                 }
@@ -171,7 +179,7 @@ fn after_pair(
                 Action::SendHeartbeat | Action::StopReplication | Action::GoAlone => {}
             }
         }
-        report(side, fo);
+        report(vm, side, fo);
         if Side::take(&side.stop) {
             return;
         }
@@ -180,12 +188,18 @@ fn after_pair(
     }
 }
 
-fn report(side: &Side, fo: &Failover) {
+fn report(vm: &VmHandle, side: &Side, fo: &Failover) {
     let s = fo.status(Instant::now());
+    let disks = replica::of(vm)
+        .iter()
+        .flatten()
+        .map(|d| d.stats())
+        .collect();
     side.update(|r| {
         r.state = s.state;
         r.epoch = s.epoch;
         r.reason = s.reason;
+        r.disks = disks;
     });
 }
 
@@ -211,10 +225,11 @@ fn start_proxy(vm: &VmHandle, listener: &Listener) -> Result<Proxy, ColoError> {
     Proxy::secondary(guests, link).map_err(ColoError::Stream)
 }
 
-/// The takeover: every disk writable and locked, every NIC on its tap.
+/// The takeover: every disk's overlay in its image (the uncommitted
+/// journal dropped), locked, every NIC on its tap.
 fn take_over(vm: &VmHandle) -> Result<(), String> {
-    for slot in vm.virtio().iter() {
-        slot.thaw_disk();
+    for r in replica::of(vm).iter().flatten() {
+        r.take_over().map_err(|e| format!("disk: {e}"))?;
     }
     vm.hold_disk_locks(true).map_err(|e| e.to_string())?;
     for slot in vm.virtio().iter() {
@@ -223,6 +238,21 @@ fn take_over(vm: &VmHandle) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A write of the primary's guest: into its disk's journal. A disk this
+/// VM does not replicate, or a full journal, ends the pair (the next
+/// checkpoint could not be whole).
+fn journal(replicas: &[Option<Arc<Replica>>], w: &DiskWrite) -> Result<(), ColoError> {
+    let r = usize::try_from(w.disk)
+        .ok()
+        .and_then(|i| replicas.get(i))
+        .and_then(Option::as_ref)
+        .ok_or_else(|| {
+            ColoError::Refused(format!("a write to disk {}, not replicated here", w.disk))
+        })?;
+    r.journal(w.offset, &w.data)
+        .map_err(|e| ColoError::Refused(format!("disk {}: {e}", w.disk)))
 }
 
 struct Receiver<'a> {
@@ -234,6 +264,8 @@ struct Receiver<'a> {
     /// Pages a checkpoint may carry at most: the guest's.
     limit: u64,
     proxy: Option<Proxy>,
+    /// The disks, indexed as the primary's `DiskWrite`s are.
+    replicas: Vec<Option<Arc<Replica>>>,
 }
 
 impl Receiver<'_> {
@@ -268,6 +300,7 @@ impl Receiver<'_> {
                     protocol::write_message(conn, &Message::Heartbeat).map_err(ColoError::from)
                 }
                 Message::Checkpoint { epoch } => self.checkpoint(conn, fo, epoch),
+                Message::DiskWrite(w) => journal(&self.replicas, &w),
                 other => Err(ColoError::Refused(format!(
                     "unexpected {} from the primary",
                     other.command().name()
@@ -276,7 +309,7 @@ impl Receiver<'_> {
             if let Err(e) = done {
                 return Ended::Lost(e.to_string());
             }
-            report(self.side, fo);
+            report(self.vm, self.side, fo);
         }
     }
 
@@ -324,10 +357,20 @@ impl Receiver<'_> {
         dirty::or(&mut self.owed, &mine);
         protocol::write_message(conn, &Message::Dirty(dirty::spans(&self.owed)))?;
         let vm = self.vm;
-        let c = incoming::read_checkpoint(conn, &self.layout, self.limit, vm.manifest())?;
+        let replicas = &self.replicas;
+        let mut journal = |w: &DiskWrite| journal(replicas, w);
+        let c =
+            incoming::read_checkpoint(conn, &self.layout, self.limit, vm.manifest(), &mut journal)?;
         // Whole and checked: now it is applied.
         incoming::write_pages(vm.memory(), &c)?;
         vm.apply_state(&c.state)?;
+        // Its guest is the primary's: so is its disk (its own writes go).
+        for (i, r) in self.replicas.iter().enumerate() {
+            if let Some(r) = r {
+                r.commit()
+                    .map_err(|e| ColoError::Refused(format!("disk {i}: {e}")))?;
+            }
+        }
         // The pages just written are the primary's, not this guest's.
         ram.dirty_pages()?;
         ram.clear_all()?;

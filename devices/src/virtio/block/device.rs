@@ -76,9 +76,15 @@ impl Block {
         disk: impl DiskBackend + 'static,
         activate_evt: EventFd,
     ) -> Block {
+        Self::shared(config, Arc::new(disk), activate_evt)
+    }
+
+    /// A device on `disk`, which its owner also keeps (a COLO secondary's
+    /// replicated disk, fed by the replication stream too).
+    pub fn shared(config: BlockConfig, disk: Arc<dyn DiskBackend>, activate_evt: EventFd) -> Block {
         Block {
             config,
-            disk: Arc::new(disk),
+            disk,
             state: Arc::new(Mutex::new(BlockState::default())),
             activate_evt,
             metrics: Arc::new(BlockMetrics::default()),

@@ -145,6 +145,12 @@ impl DiskFile {
         })
     }
 
+    /// The open image, for positioned I/O of a backend built on it (a
+    /// COLO secondary's journal and overlay, the primary's forwarder).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     fn write_zeroes_by_hand(&self, offset: u64, len: u64) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
         let zeroes = vec![0u8; ZERO_CHUNK.min(usize::try_from(len).unwrap_or(ZERO_CHUNK))];

@@ -9,6 +9,8 @@
 //! - `device`: the virtio device (features, configuration space, activation).
 //! - `handler`: event-loop glue on the VMM thread: the queue notification.
 //! - `metrics`: lock-free counters.
+//! - `tracked`: a backend wrapper noting the ranges the guest changed (a
+//!   COLO primary's disks, whose writes are forwarded).
 //!
 //! I/O is synchronous on the VMM thread: a request is complete, and its data
 //! in the host file (or, after a flush, on its storage), before it is
@@ -17,10 +19,10 @@
 pub mod backend;
 pub mod device;
 pub mod disk;
-pub mod frozen;
 pub mod handler;
 pub mod metrics;
 pub mod request;
+pub mod tracked;
 
 pub use backend::DiskBackend;
 pub use device::{Block, BlockConfig};
