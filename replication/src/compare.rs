@@ -306,15 +306,16 @@ impl Compare {
 
     /// A client frame about to be mirrored to the secondary: recorded in
     /// the connection table, and its ack moved to the secondary's
-    /// sequence space. Returns whether it was a TCP segment.
+    /// sequence space. Returns the offset it was moved by (`None`: not a
+    /// TCP segment), which the secondary keeps ([`crate::survivor`]).
     pub fn client_to_secondary(
         &mut self,
         frame: &mut [u8],
         csum: Csum,
         now: Instant,
-    ) -> Result<bool, RewriteError> {
+    ) -> Result<Option<u32>, RewriteError> {
         let Frame::Tcp(seg) = parse(frame) else {
-            return Ok(false);
+            return Ok(None);
         };
         let offset = self
             .conntrack
@@ -322,7 +323,7 @@ impl Compare {
             .offset()
             .unwrap_or(0);
         rewrite::client_to_secondary(frame, &seg, offset, csum)?;
-        Ok(true)
+        Ok(Some(offset))
     }
 
     /// Time passes: asks for a checkpoint when the oldest held frame

@@ -16,6 +16,9 @@
 //!   matched; a match releases primary frames, a mismatch or a frame held
 //!   past the compare timeout asks for a checkpoint, a full queue drops
 //!   and counts.
+//! - [`survivor`]: the secondary's copy of the offsets (told by the
+//!   primary with each mirrored client segment), so that it goes on
+//!   rewriting once it serves.
 //!
 //! The control side (the VMM thread and the checkpoint thread):
 //! - [`schedule`]: when the next checkpoint is due, and why.
@@ -35,3 +38,4 @@ pub mod journal;
 pub mod packet;
 pub mod rewrite;
 pub mod schedule;
+pub mod survivor;

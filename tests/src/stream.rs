@@ -32,20 +32,41 @@ pub struct Stream {
     want: String,
     file: String,
     bytes: usize,
+    port: u16,
 }
 
 impl Stream {
-    /// Starts `nc` on `port` in the guest (its pid in `$ncpid`) and the
+    /// Starts `nc` on `port` in the guest (its pid in `$ncpidPORT`) and the
     /// sender, which sends slowly so that the stream runs across the
     /// migration.
     pub fn start(vm: &mut TestVm, ns: &NetNs, port: u16, seed: u64, pace: Pace) -> Stream {
+        Self::start_after(vm, ns, port, seed, pace, |_| {})
+    }
+
+    /// As [`Stream::start`], with `between` run on the guest once `nc`
+    /// listens and before the host connects (a COLO test's checkpoint, so
+    /// that the connection is opened after it).
+    pub fn start_after(
+        vm: &mut TestVm,
+        ns: &NetNs,
+        port: u16,
+        seed: u64,
+        pace: Pace,
+        between: impl FnOnce(&mut TestVm),
+    ) -> Stream {
         let blob = pseudo_random(pace.bytes, seed);
         let want = hex(&Sha256::digest(&blob));
         let file = format!("/tmp/in{port}");
+        // Listening before the command returns: `between` may snapshot it.
+        let hexport = format!("{port:04X}");
         vm.ok(
-            &format!("nc -l -p {port} </dev/null >{file} & ncpid=$!"),
+            &format!(
+                "nc -l -p {port} </dev/null >{file} & ncpid{port}=$!; \
+                 while ! grep -q ':{hexport} ' /proc/net/tcp /proc/net/tcp6; do sleep 0.1; done"
+            ),
             CMD,
         );
+        between(vm);
         let sender = ns.spawn(move || send_slowly(&blob, port, pace));
         std::thread::sleep(Duration::from_secs(1));
         Stream {
@@ -53,6 +74,7 @@ impl Stream {
             want,
             file,
             bytes: pace.bytes,
+            port,
         }
     }
 
@@ -63,7 +85,14 @@ impl Stream {
 
     /// At the destination: the whole stream arrived, in order.
     pub fn check(self, dst: &mut TestVm) {
-        dst.ok("wait $ncpid", CMD);
+        // Until nc ended (`wait` fails for a job the shell already reaped).
+        dst.ok(
+            &format!(
+                "while kill -0 $ncpid{} 2>/dev/null; do sleep 0.2; done",
+                self.port
+            ),
+            CMD,
+        );
         let (sent, end) = self.sender.join().expect("the sender");
         assert_eq!(sent, self.bytes, "the host sent the whole stream");
         let tcp = dst.ok("grep Tcp: /proc/net/snmp", CMD);

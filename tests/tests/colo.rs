@@ -16,7 +16,9 @@
 //!   journaled, the secondary's own in its overlay): after the failover
 //!   they read back, and once the guest wrote one more, synced and
 //!   unmounted, the secondary's image is clean (`e2fsck -fn`) and holds
-//!   all of them.
+//!   all of them. A second client stream, opened after the last
+//!   checkpoint (so the guests' initial sequence numbers differ), goes on
+//!   from the secondary with its segments rewritten, and arrives whole.
 //! - a service whose replies differ between the two guests: mismatches
 //!   make checkpoints, and the client gets each reply whole;
 //! - the secondary is killed: the primary goes on alone (`primary_alone`,
@@ -54,6 +56,15 @@ const THROUGH: Pace = Pace {
     piece: 16 << 10,
     every: Duration::from_millis(200),
 };
+/// A stream opened after the last checkpoint before the primary's death:
+/// 512 KiB, 16 KiB every 200 ms (some 6 s; the primary dies 1 s in).
+const LATE: Pace = Pace {
+    bytes: 512 << 10,
+    piece: 16 << 10,
+    every: Duration::from_millis(200),
+};
+/// A period no test outlasts: checkpoints when the test asks.
+const LONG_PERIOD_MS: &str = "600000";
 const LAST_COUNT: &str = "while read l; do n=$l; done < /tmp/count; echo $n";
 
 /// A pair in namespace `tag`: the primary (the base guest restored on
@@ -109,16 +120,21 @@ impl Pair {
         }
     }
 
-    /// `colo-start` on the primary; returns once it is protected and has
-    /// committed `checkpoints` checkpoints.
+    /// `colo-start` on the primary, a checkpoint every [`PERIOD_MS`];
+    /// returns once it is protected and has committed `checkpoints`
+    /// checkpoints.
     fn start(&mut self, checkpoints: u64) {
+        self.start_every(PERIOD_MS, checkpoints);
+    }
+
+    fn start_every(&mut self, period_ms: &str, checkpoints: u64) {
         let (code, a) = ctl(
             &self.primary_api,
             &[
                 "colo-start",
                 &self.addr,
                 "--checkpoint-period-ms",
-                PERIOD_MS,
+                period_ms,
                 "--lease",
                 self.lease.to_str().unwrap(),
             ],
@@ -127,15 +143,40 @@ impl Pair {
         self.wait_checkpoints(checkpoints);
     }
 
-    fn wait_checkpoints(&self, n: u64) -> serde_json::Value {
-        let mut last = serde_json::Value::Null;
-        wait_until(&format!("{n} checkpoints"), CMD, || {
-            last = status(&self.primary_api);
-            assert_ne!(last["state"], "retired", "the pair did not start: {last}");
-            last["state"] == "protected" && last["checkpoints"]["total"].as_u64() >= Some(n)
-        });
-        last
+    /// A checkpoint now (`colo-checkpoint`), committed on both sides.
+    fn checkpoint(&self) -> serde_json::Value {
+        checkpoint_now(&self.primary_api, &self.secondary_api)
     }
+
+    fn wait_checkpoints(&self, n: u64) -> serde_json::Value {
+        wait_checkpoints(&self.primary_api, n)
+    }
+}
+
+/// A checkpoint now on the pair of these API sockets, committed on both
+/// sides; the primary's status then.
+fn checkpoint_now(primary: &Path, secondary: &Path) -> serde_json::Value {
+    let seen = status(primary)["checkpoints"]["total"]
+        .as_u64()
+        .unwrap_or(0);
+    let (code, a) = ctl(primary, &["colo-checkpoint"]);
+    assert_eq!(code, 0, "colo-checkpoint: {a}");
+    let s = wait_checkpoints(primary, seen + 1);
+    let epoch = s["epoch"].as_u64().unwrap_or(0);
+    wait_until("the secondary committed it", CMD, || {
+        status(secondary)["epoch"].as_u64() >= Some(epoch)
+    });
+    s
+}
+
+fn wait_checkpoints(primary: &Path, n: u64) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    wait_until(&format!("{n} checkpoints"), CMD, || {
+        last = status(primary);
+        assert_ne!(last["state"], "retired", "the pair did not start: {last}");
+        last["state"] == "protected" && last["checkpoints"]["total"].as_u64() >= Some(n)
+    });
+    last
 }
 
 /// `tandem run --colo secondary` in `ns` on tap2/tap3 and `image` (removed
@@ -193,7 +234,10 @@ fn the_secondary_takes_over_when_the_primary_dies() {
     // A client stream into the guest, through the pair and across the
     // failover.
     let stream = Stream::start(&mut pair.primary, &pair.ns, 5001, 21, THROUGH);
-    pair.start(2);
+    // Checkpoints when the test asks (`colo-checkpoint`), so that a
+    // connection can be opened after the last one before the kill.
+    pair.start_every(LONG_PERIOD_MS, 1);
+    pair.checkpoint();
     let s = status(&pair.primary_api);
     phase(&format!("a: protected: {s}"));
     let sync = &s["sync"];
@@ -222,25 +266,28 @@ fn the_secondary_takes_over_when_the_primary_dies() {
         "mount -t ext4 /dev/vda /mnt && cp /tmp/colo /mnt/one && sync",
         CMD,
     );
-    let seen = status(&pair.primary_api)["checkpoints"]["total"]
-        .as_u64()
-        .unwrap_or(0);
     phase("a: the disk mounted, a file written and synced");
-    pair.wait_checkpoints(seen + 1);
+    pair.checkpoint();
     pair.primary.ok("cp /tmp/colo /mnt/two && sync", CMD);
     phase("a: a checkpoint, and a second file");
     let before = count(&mut pair.primary);
-    let seen = status(&pair.primary_api)["checkpoints"]["total"]
-        .as_u64()
-        .unwrap_or(0);
-    let s = pair.wait_checkpoints(seen + 1);
-    let epoch = s["epoch"].as_u64().unwrap_or(0);
-    wait_until("the secondary committed it", CMD, || {
-        status(&pair.secondary_api)["epoch"].as_u64() >= Some(epoch)
+    // A connection opened since the last checkpoint (its server listening
+    // before it, in both guests): the two guests choose different initial
+    // sequence numbers, and the client knows the primary's only.
+    let mut epoch = 0;
+    let (p_api, s_api) = (pair.primary_api.clone(), pair.secondary_api.clone());
+    let late = Stream::start_after(&mut pair.primary, &pair.ns, 5002, 22, LATE, |_| {
+        let s = checkpoint_now(&p_api, &s_api);
+        epoch = s["epoch"].as_u64().unwrap_or(0);
     });
-    phase("a: the file is in a committed checkpoint");
-
+    phase("a: the files are in a committed checkpoint; a stream opened since");
     assert!(stream.running(), "the stream runs across the failover");
+    assert!(late.running(), "the late stream runs across the failover");
+    assert_eq!(
+        status(&pair.primary_api)["epoch"].as_u64(),
+        Some(epoch),
+        "no checkpoint since the late stream started"
+    );
     pair.primary.kill();
     let killed = Instant::now();
     wait_until("the secondary serves", CMD, || {
@@ -258,6 +305,13 @@ fn the_secondary_takes_over_when_the_primary_dies() {
     wait_until("the secondary says so", CMD, || {
         pair.secondary.stderr().contains("this VM serves now")
     });
+    assert!(
+        pair.secondary
+            .stderr()
+            .contains("opened since the last checkpoint keep their sequence numbers"),
+        "the late connection's numbers rewritten: {}",
+        pair.secondary.stderr()
+    );
     let vm = &mut pair.secondary;
     // Its console shows first what its guest printed on from the last
     // checkpoint (the primary's commands' ends): one command to get past.
@@ -275,6 +329,7 @@ fn the_secondary_takes_over_when_the_primary_dies() {
     }
     vm.ok("echo served-after > /mnt/three && sync && umount /mnt", CMD);
     disk_holds(&pair.secondary_disk, &hash);
+    phase("a: the files read back, and the image is clean and holds them");
     let after = count(vm);
     assert!(
         after >= before,
@@ -288,10 +343,12 @@ fn the_secondary_takes_over_when_the_primary_dies() {
         .output()
         .expect("ping");
     assert!(out.status.success(), "ping the secondary's guest: {out:?}");
+    phase("a: the guest counts on and answers pings");
     stream.check(vm);
+    late.check(vm);
     let s = status(&pair.secondary_api);
     phase(&format!(
-        "a: the secondary's guest serves; the stream arrived whole: {s}"
+        "a: the secondary's guest serves; both streams arrived whole: {s}"
     ));
 }
 

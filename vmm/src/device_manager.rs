@@ -316,10 +316,9 @@ impl VirtioSlot {
         }
     }
 
-    /// A COLO secondary's takeover: opens this NIC's tap and puts it in
-    /// place of the backend it has, waiting at most `wait` for the device
-    /// loop to do it; `None` for a device that is not a NIC.
-    pub fn attach_tap(&self, wait: std::time::Duration) -> Option<Result<(), String>> {
+    /// Opens this NIC's tap as its configuration says (`None`: not a
+    /// NIC).
+    pub fn open_tap(&self) -> Option<Result<Box<dyn devices::virtio::net::NetBackend>, String>> {
         let Report::Net { tap, sndbuf, .. } = &self.report else {
             return None;
         };
@@ -329,12 +328,22 @@ impl VirtioSlot {
             sndbuf: *sndbuf,
             rsc: None,
         };
-        let opened = match devices::virtio::net::device::open_tap(&config) {
+        Some(
+            devices::virtio::net::device::open_tap(&config)
+                .map(|t| Box::new(t) as Box<dyn devices::virtio::net::NetBackend>)
+                .map_err(|e| format!("tap {tap}: {e}")),
+        )
+    }
+
+    /// A COLO secondary's takeover: opens this NIC's tap and puts it in
+    /// place of the backend it has, waiting at most `wait` for the device
+    /// loop to do it; `None` for a device that is not a NIC.
+    pub fn attach_tap(&self, wait: std::time::Duration) -> Option<Result<(), String>> {
+        let opened = match self.open_tap()? {
             Ok(t) => t,
-            Err(e) => return Some(Err(format!("tap {tap}: {e}"))),
+            Err(e) => return Some(Err(e)),
         };
-        self.swap_backend(Box::new(opened), wait)
-            .map(|r| r.map(drop))
+        self.swap_backend(opened, wait).map(|r| r.map(drop))
     }
 
     pub fn restore_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {

@@ -8,7 +8,9 @@
 //! 1   kind: 1 client frame (primary -> secondary), 2 output (back)
 //! 1   NIC index
 //! 8   epoch: checkpoints committed when the frame was taken
-//! L-10 the frame, virtio-net header first
+//! 4   offset: a client TCP segment's sequence offset (its ack was moved
+//!     by it; the secondary keeps it for after a failover), else 0
+//! L-14 the frame, virtio-net header first
 //! ```
 //!
 //! Pure: encodes into and decodes from byte buffers, for the proxies'
@@ -23,7 +25,9 @@ pub const CLIENT: u8 = 1;
 /// A frame the secondary guest sent.
 pub const OUTPUT: u8 = 2;
 /// The longest frame body taken: a 64 KiB GSO frame and its header.
-pub const MAX_LINK: usize = 10 + 12 + 65_550;
+pub const MAX_LINK: usize = HEAD + 12 + 65_550;
+/// The bytes before the frame (after the length).
+const HEAD: usize = 14;
 /// Bytes kept for a slow peer before frames are dropped.
 pub const MAX_PENDING: usize = 8 << 20;
 
@@ -33,15 +37,17 @@ pub struct LinkFrame {
     pub kind: u8,
     pub nic: u8,
     pub epoch: u64,
+    pub offset: u32,
     pub frame: Vec<u8>,
 }
 
 /// Appends `f` to `out`.
-pub fn encode(kind: u8, nic: u8, epoch: u64, frame: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(&((10 + frame.len()) as u32).to_le_bytes());
+pub fn encode(kind: u8, nic: u8, epoch: u64, offset: u32, frame: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&((HEAD + frame.len()) as u32).to_le_bytes());
     out.push(kind);
     out.push(nic);
     out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&offset.to_le_bytes());
     out.extend_from_slice(frame);
 }
 
@@ -63,7 +69,7 @@ impl Decoder {
             return Ok(None);
         };
         let len = u32::from_le_bytes(*head) as usize;
-        if !(10..=MAX_LINK).contains(&len) {
+        if !(HEAD..=MAX_LINK).contains(&len) {
             return Err(bad(format!("a frame of {len} bytes")));
         }
         if self.buf.len() < 4 + len {
@@ -76,11 +82,14 @@ impl Decoder {
         }
         let mut epoch = [0u8; 8];
         epoch.copy_from_slice(&body[2..10]);
+        let mut offset = [0u8; 4];
+        offset.copy_from_slice(&body[10..HEAD]);
         Ok(Some(LinkFrame {
             kind,
             nic: body[1],
             epoch: u64::from_le_bytes(epoch),
-            frame: body[10..].to_vec(),
+            offset: u32::from_le_bytes(offset),
+            frame: body[HEAD..].to_vec(),
         }))
     }
 }
@@ -92,8 +101,8 @@ mod tests {
     #[test]
     fn frames_cut_anywhere_come_out_whole() {
         let mut bytes = Vec::new();
-        encode(CLIENT, 0, 7, &[1, 2, 3], &mut bytes);
-        encode(OUTPUT, 1, 8, &[9; 100], &mut bytes);
+        encode(CLIENT, 0, 7, 5, &[1, 2, 3], &mut bytes);
+        encode(OUTPUT, 1, 8, 0, &[9; 100], &mut bytes);
         for cut in 0..bytes.len() {
             let mut d = Decoder::default();
             d.push(&bytes[..cut]);
@@ -106,7 +115,10 @@ mod tests {
                 got.push(f);
             }
             assert_eq!(got.len(), 2);
-            assert_eq!(got[0].frame, vec![1, 2, 3]);
+            assert_eq!(
+                (got[0].frame.as_slice(), got[0].offset),
+                (&[1u8, 2, 3][..], 5)
+            );
             assert_eq!((got[1].kind, got[1].nic, got[1].epoch), (OUTPUT, 1, 8));
         }
     }
@@ -116,7 +128,8 @@ mod tests {
         for bytes in [
             vec![0xff, 0xff, 0xff, 0x7f],
             vec![3, 0, 0, 0],
-            vec![10, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            vec![14, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            vec![10, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         ] {
             let mut d = Decoder::default();
             d.push(&bytes);

@@ -21,9 +21,6 @@
 //! lease) are the `replication` crate's; this module carries out their
 //! decisions on a VM. Who may serve is the lease's decision
 //! ([`replication::arbiter::LockFileLease`] on one host), never a guess.
-//!
-//! Not yet: the sequence rewriting after a failover (for connections
-//! opened since the last checkpoint).
 
 pub mod dirty;
 pub mod disks;

@@ -9,7 +9,13 @@
 //!   a checkpoint); the compare's checkpoint requests go to the `colo`
 //!   thread. Alone (the pair over), the guest's frames go straight out.
 //! - **secondary**: mirrored frames go to its guest, its guest's output goes
-//!   back over the link; nothing touches its taps.
+//!   back over the link; nothing touches its taps. It keeps the sequence
+//!   offset each mirrored client segment carries
+//!   ([`replication::survivor`]) until the next commit. At a takeover with
+//!   offsets kept, it opens its taps ([`Cmd::Serve`]) and goes on between
+//!   them and its guest, rewriting those connections' segments (the
+//!   others pass untouched); without any, the NICs go to their taps
+//!   directly and the proxy ends.
 //!
 //! Frames carry the epoch (checkpoints committed) they were taken in; at a
 //! commit, with both guests paused, the `colo` side calls
@@ -34,7 +40,9 @@ use std::time::{Duration, Instant};
 use devices::virtio::net::backend::{NetBackend, VNET_HDR_LEN};
 use replication::compare::{Action, Compare};
 use replication::rewrite::Csum;
+use replication::survivor::{self, Offsets};
 use serde::Serialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::link::{self, Decoder};
@@ -42,12 +50,14 @@ use super::Side;
 use crate::migrate::endpoint::Conn;
 
 /// What the `colo` side asks of its proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cmd {
     /// Checkpoint `n` is committed; both guests are paused.
     Committed(u64),
     /// The pair is over: release what is held, compare no more.
     Alone,
+    /// The secondary serves: each NIC's tap (in NIC order), between which
+    /// and its guest the proxy goes on, rewriting.
+    Serve(Vec<Box<dyn NetBackend>>),
     Stop,
 }
 
@@ -75,6 +85,8 @@ pub struct Proxy {
     evt: EventFd,
     cmds: mpsc::Sender<(Cmd, Reply)>,
     thread: Option<JoinHandle<()>>,
+    /// The secondary's: connections it holds an offset for.
+    offsets: Arc<AtomicUsize>,
 }
 
 impl Proxy {
@@ -88,6 +100,7 @@ impl Proxy {
     ) -> std::io::Result<Proxy> {
         let (taps, guests) = nics.into_iter().unzip();
         let core = Core::new(guests, link)?;
+        let offsets = Arc::new(AtomicUsize::new(0));
         let p = Primary {
             core,
             taps,
@@ -96,17 +109,31 @@ impl Proxy {
             alone: false,
             side,
         };
-        Self::spawn(move |evt, rx| p.run(evt, rx))
+        Self::spawn(move |evt, rx| p.run(evt, rx), offsets)
     }
 
     /// The secondary's: the other ends of its NICs' datagram backends.
     pub fn secondary(guests: Vec<UnixDatagram>, link: Conn) -> std::io::Result<Proxy> {
         let core = Core::new(guests, link)?;
-        Self::spawn(move |evt, rx| secondary_loop(core, evt, rx))
+        let offsets = Arc::new(AtomicUsize::new(0));
+        let s = Secondary {
+            core,
+            offsets: Offsets::new(survivor::DEFAULT_CAP),
+            count: offsets.clone(),
+            taps: Vec::new(),
+        };
+        Self::spawn(move |evt, rx| s.run(evt, rx), offsets)
+    }
+
+    /// The secondary's: connections whose segments it would rewrite if it
+    /// served now.
+    pub fn offsets(&self) -> usize {
+        self.offsets.load(Ordering::SeqCst)
     }
 
     fn spawn(
         body: impl FnOnce(&EventFd, mpsc::Receiver<(Cmd, Reply)>) + Send + 'static,
+        offsets: Arc<AtomicUsize>,
     ) -> std::io::Result<Proxy> {
         let evt = EventFd::new(libc::EFD_NONBLOCK)?;
         let theirs = evt.try_clone()?;
@@ -118,6 +145,7 @@ impl Proxy {
             evt,
             cmds,
             thread: Some(thread),
+            offsets,
         })
     }
 
@@ -197,13 +225,13 @@ impl Core {
     }
 
     /// Queues a frame for the peer (dropped past the outbox's bound).
-    fn send(&mut self, kind: u8, nic: usize, frame: &[u8]) {
+    fn send(&mut self, kind: u8, nic: usize, offset: u32, frame: &[u8]) {
         if !self.linked || self.outbox.len() > link::MAX_PENDING {
             self.counters.dropped += 1;
             return;
         }
         let nic = u8::try_from(nic).unwrap_or(u8::MAX);
-        link::encode(kind, nic, self.epoch, frame, &mut self.outbox);
+        link::encode(kind, nic, self.epoch, offset, frame, &mut self.outbox);
     }
 
     /// Writes what the outbox holds, as far as the link takes it.
@@ -307,6 +335,8 @@ impl Primary {
                         self.alone = true;
                         self.core.lose("the pair is over");
                     }
+                    // The primary serves with its own taps already.
+                    Cmd::Serve(_) => {}
                 }
                 self.act(std::mem::take(&mut acts));
                 let _ = reply.send(());
@@ -349,18 +379,15 @@ impl Primary {
                 if self.alone || !self.core.linked || n <= VNET_HDR_LEN {
                     continue;
                 }
-                let csum = if frame[0] & 1 != 0 {
-                    Csum::Partial
-                } else {
-                    Csum::Full
-                };
-                let _ = self.compare.client_to_secondary(
-                    &mut frame[VNET_HDR_LEN..],
-                    csum,
-                    Instant::now(),
-                );
+                let csum = csum_of(&frame);
+                let offset = self
+                    .compare
+                    .client_to_secondary(&mut frame[VNET_HDR_LEN..], csum, Instant::now())
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0);
                 self.core.counters.mirrored += 1;
-                self.core.send(link::CLIENT, i, &frame);
+                self.core.send(link::CLIENT, i, offset, &frame);
             }
         }
     }
@@ -403,61 +430,142 @@ impl Primary {
     }
 
     fn out_to_tap(&mut self, i: usize, frame: &[u8]) {
-        let end = Instant::now() + TAP_WAIT;
-        loop {
-            match self.taps[i].write_frame(frame) {
-                Ok(_) => {
-                    self.core.counters.to_taps += 1;
-                    return;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < end => {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(_) => {
-                    self.core.counters.dropped += 1;
-                    return;
-                }
+        out_to_tap(&mut *self.taps[i], frame, &mut self.core.counters);
+    }
+}
+
+/// Which checksum a frame (virtio-net header first) carries.
+fn csum_of(frame: &[u8]) -> Csum {
+    if frame.first().is_some_and(|f| f & 1 != 0) {
+        Csum::Partial
+    } else {
+        Csum::Full
+    }
+}
+
+/// Writes `frame` to `tap`, waiting a little for room.
+fn out_to_tap(tap: &mut dyn NetBackend, frame: &[u8], counters: &mut ProxyCounters) {
+    let end = Instant::now() + TAP_WAIT;
+    loop {
+        match tap.write_frame(frame) {
+            Ok(_) => {
+                counters.to_taps += 1;
+                return;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => {
+                counters.dropped += 1;
+                return;
             }
         }
     }
 }
 
-fn secondary_loop(mut core: Core, evt: &EventFd, cmds: mpsc::Receiver<(Cmd, Reply)>) {
-    loop {
-        core.poll(evt, &[]);
-        let _ = evt.read();
-        while let Ok((cmd, reply)) = cmds.try_recv() {
-            match cmd {
-                Cmd::Stop => {
-                    let _ = reply.send(());
-                    return;
-                }
-                Cmd::Committed(n) => {
-                    // What its guest sent before is the past the primary's
-                    // copy replaced.
-                    for i in 0..core.guests.len() {
-                        core.sent_by_guest(i);
+/// The secondary's proxy: see the module doc.
+struct Secondary {
+    core: Core,
+    offsets: Offsets,
+    /// What `Proxy::offsets` reads.
+    count: Arc<AtomicUsize>,
+    /// Its taps, once it serves.
+    taps: Vec<Box<dyn NetBackend>>,
+}
+
+impl Secondary {
+    fn run(mut self, evt: &EventFd, cmds: mpsc::Receiver<(Cmd, Reply)>) {
+        loop {
+            let taps: Vec<i32> = self.taps.iter().map(|t| t.rx_fd()).collect();
+            self.core.poll(evt, &taps);
+            let _ = evt.read();
+            while let Ok((cmd, reply)) = cmds.try_recv() {
+                match cmd {
+                    Cmd::Stop => {
+                        let _ = reply.send(());
+                        return;
                     }
-                    core.epoch = n;
+                    Cmd::Committed(n) => {
+                        // What its guest sent before is the past the
+                        // primary's copy replaced; the guests agree on
+                        // every connection now.
+                        for i in 0..self.core.guests.len() {
+                            self.core.sent_by_guest(i);
+                        }
+                        self.core.epoch = n;
+                        self.offsets.clear();
+                    }
+                    Cmd::Serve(taps) => {
+                        self.core.lose("this side serves");
+                        self.taps = taps;
+                    }
+                    Cmd::Alone => {}
                 }
-                Cmd::Alone => {}
+                self.count.store(self.offsets.len(), Ordering::SeqCst);
+                let _ = reply.send(());
             }
-            let _ = reply.send(());
+            if self.taps.is_empty() {
+                self.mirror();
+            } else {
+                self.serve();
+            }
         }
+    }
+
+    /// In the pair: mirrored frames in, its guest's output back.
+    fn mirror(&mut self) {
+        let core = &mut self.core;
         for f in core.receive() {
             let nic = usize::from(f.nic);
             if f.kind != link::CLIENT || nic >= core.guests.len() {
                 continue;
             }
+            if let Some(frame) = f.frame.get(VNET_HDR_LEN..) {
+                self.offsets.learn(frame, f.offset);
+            }
             if core.guests[nic].send(&f.frame).is_err() {
                 core.counters.dropped += 1;
             }
         }
+        self.count.store(self.offsets.len(), Ordering::SeqCst);
         for i in 0..core.guests.len() {
             for frame in core.sent_by_guest(i) {
-                core.send(link::OUTPUT, i, &frame);
+                core.send(link::OUTPUT, i, 0, &frame);
             }
         }
         core.flush();
+    }
+
+    /// Serving: between each tap and its guest, the connections opened
+    /// since the last checkpoint rewritten.
+    fn serve(&mut self) {
+        let core = &mut self.core;
+        for (i, tap) in self.taps.iter_mut().enumerate() {
+            let Some(guest) = core.guests.get(i) else {
+                continue;
+            };
+            for _ in 0..BURST {
+                let Ok(n) = tap.read_frame(&mut core.buf) else {
+                    break;
+                };
+                core.counters.from_taps += 1;
+                if n > VNET_HDR_LEN {
+                    let csum = csum_of(&core.buf[..n]);
+                    let _ = self
+                        .offsets
+                        .client_to_guest(&mut core.buf[VNET_HDR_LEN..n], csum);
+                }
+                if guest.send(&core.buf[..n]).is_err() {
+                    core.counters.dropped += 1;
+                }
+            }
+            for mut frame in core.sent_by_guest(i) {
+                let csum = csum_of(&frame);
+                if let Some(body) = frame.get_mut(VNET_HDR_LEN..) {
+                    let _ = self.offsets.guest_to_client(body, csum);
+                }
+                out_to_tap(&mut **tap, &frame, &mut core.counters);
+            }
+        }
     }
 }

@@ -130,28 +130,30 @@ fn serve(vm: &VmHandle, mut conn: Conn, listener: &Listener, side: &Side) -> Res
         }
     };
     conn.shutdown();
-    // Its NICs go to their taps at takeover; the link is over.
-    rx.proxy = None;
     if let Err(e) = ram.stop_dirty_log() {
         log::warn!("COLO: dirty log not stopped: {e}");
     }
-    after_pair(vm, side, &mut fo, &mut lease, actions);
+    // The proxy stays for a takeover (its offsets).
+    let mut proxy = rx.proxy.take();
+    after_pair(vm, side, &mut fo, &mut lease, &mut proxy, actions);
     Ok(())
 }
 
 /// Carries out the state machine's decisions once the pair is over, and
-/// holds the lease while this VM serves.
+/// holds the lease (and the proxy, if it serves through it) while this VM
+/// serves.
 fn after_pair(
     vm: &VmHandle,
     side: &Side,
     fo: &mut Failover,
     lease: &mut LockFileLease,
+    proxy: &mut Option<Proxy>,
     mut actions: Vec<Action>,
 ) {
     loop {
         for a in std::mem::take(&mut actions) {
             match a {
-                Action::TakeOver => match take_over(vm) {
+                Action::TakeOver => match take_over(vm, proxy) {
                     Ok(()) => {
                         let _ = fo.takeover_complete();
                         eprintln!(
@@ -165,6 +167,7 @@ fn after_pair(
                     Err(e) => actions.extend(fo.takeover_failed(&e, lease)),
                 },
                 Action::Retire(why) => {
+                    *proxy = None;
                     report(vm, side, fo);
                     vm.exit().signal(VmExit::Retired(why));
                     return;
@@ -226,12 +229,28 @@ fn start_proxy(vm: &VmHandle, listener: &Listener) -> Result<Proxy, ColoError> {
 }
 
 /// The takeover: every disk's overlay in its image (the uncommitted
-/// journal dropped), locked, every NIC on its tap.
-fn take_over(vm: &VmHandle) -> Result<(), String> {
+/// journal dropped), locked; the NICs on their taps, through the proxy
+/// when it holds offsets (connections opened since the last checkpoint),
+/// else directly (and the proxy ends).
+fn take_over(vm: &VmHandle, proxy: &mut Option<Proxy>) -> Result<(), String> {
     for r in replica::of(vm).iter().flatten() {
         r.take_over().map_err(|e| format!("disk: {e}"))?;
     }
     vm.hold_disk_locks(true).map_err(|e| e.to_string())?;
+    if let Some(p) = proxy.as_ref().filter(|p| p.offsets() > 0) {
+        let n = p.offsets();
+        match serve_through(vm, p) {
+            Ok(()) => {
+                eprintln!(
+                    "tandem: COLO: {n} connection(s) opened since the last checkpoint keep \
+                     their sequence numbers (rewritten)"
+                );
+                return Ok(());
+            }
+            Err(e) => log::warn!("COLO: the proxy does not serve ({e}); {n} connection(s) break"),
+        }
+    }
+    *proxy = None;
     for slot in vm.virtio().iter() {
         if let Some(r) = slot.attach_tap(ATTACH_WAIT) {
             r?;
@@ -253,6 +272,20 @@ fn journal(replicas: &[Option<Arc<Replica>>], w: &DiskWrite) -> Result<(), ColoE
         })?;
     r.journal(w.offset, &w.data)
         .map_err(|e| ColoError::Refused(format!("disk {}: {e}", w.disk)))
+}
+
+/// Hands each NIC's tap to the proxy, which serves between them.
+fn serve_through(vm: &VmHandle, proxy: &Proxy) -> Result<(), String> {
+    let taps = vm
+        .virtio()
+        .iter()
+        .filter_map(|slot| slot.open_tap())
+        .collect::<Result<Vec<_>, String>>()?;
+    if proxy.call(Cmd::Serve(taps), PROXY_WAIT) {
+        Ok(())
+    } else {
+        Err("it did not answer".into())
+    }
 }
 
 struct Receiver<'a> {
