@@ -31,10 +31,11 @@ SERVICES = ("printf '#!/bin/sh\\nexec wc -c >/dev/null\\n' > /tmp/sink; "
             f"nc -ll -p {SOURCE_PORT} -e /tmp/source & true")
 
 
-def _connect(ip, port, timeout):
+def _connect(ip, port, timeout, conns):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    # A bounded send buffer: what is still queued at the end is little.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 * 1024)
+    # A bounded send buffer, shared out among the connections: what is
+    # still queued at the end is little (the guest takes ~1 Mbit/s).
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, max(16 * 1024, 256 * 1024 // conns))
     s.settimeout(timeout)
     s.connect((ip, port))
     return s
@@ -58,12 +59,12 @@ def _parallel(conns, one):
     return results, errors
 
 
-def tcp_in(ip, seconds, conns=1, timeout=60.0):
+def tcp_in(ip, seconds, conns=1, timeout=120.0):
     """Client -> guest over `conns` connections: Mbit/s, or None."""
     t0 = time.monotonic()
 
     def one():
-        s = _connect(ip, SINK_PORT, timeout)
+        s = _connect(ip, SINK_PORT, timeout, conns)
         buf = b"\x5a" * CHUNK
         sent = 0
         end = time.monotonic() + seconds
@@ -81,11 +82,11 @@ def tcp_in(ip, seconds, conns=1, timeout=60.0):
     return sum(results) * 8 / took / 1e6, []
 
 
-def tcp_out(ip, seconds, conns=1, timeout=60.0):
+def tcp_out(ip, seconds, conns=1, timeout=120.0):
     """Guest -> client over `conns` connections: Mbit/s, or None."""
 
     def one():
-        s = _connect(ip, SOURCE_PORT, timeout)
+        s = _connect(ip, SOURCE_PORT, timeout, conns)
         got = 0
         end = time.monotonic() + seconds
         while time.monotonic() < end:
