@@ -9,17 +9,21 @@ services and tandem-dirty. Its figures alone are taken first (the compare
 passes frames through while it has no secondary, after its timeout), then
 a secondary QEMU (-incoming, filter-redirector and filter-rewriter, on the
 second QEMU tap) gets `x-colo`, the primary migrates to it with `x-colo`
-and `x-checkpoint-delay` = --period-ms, and, once the migration reports
-the `colo` state, the same traffic runs through the pair while QMP on the
-primary is asked `query-status` every second: a primary that stops
-answering is reported, with the time since COLO started. Failover: the
+and `x-checkpoint-delay` = --period-ms. Once the migration reports the
+`colo` state, a fresh QMP connection to the primary is asked
+`query-status` every second for three periods: a primary that stops
+answering is reported, with the time since COLO started, and whether the
+guest still answers pings; else the same traffic runs through the pair.
+Failover: the
 primary killed, `x-colo-lost-heartbeat` on the secondary (QEMU has no
 automatic failover), the first ping reply after the kill.
 
 No disk: the guest runs from its initramfs, so no block replication is set
 up. Not a test; traffic stays in the bench's namespace and on loopback.
 """
+import json
 import os
+import socket
 import time
 
 import colo_traffic as traffic
@@ -71,15 +75,26 @@ def secondary_cmd(args, qmp):
 
 
 def _qmp_alive(path, timeout=5.0):
-    """Whether a fresh QMP connection answers query-status in time."""
+    """The VM's status if a fresh QMP connection greets and answers
+    query-status within `timeout` s each, else None."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
     try:
-        q = Qmp(path, timeout)
-        q.s.settimeout(timeout)
-        st, _ = q.cmd("query-status")
-        q.close()
-        return st.get("status")
-    except (OSError, EOFError, RuntimeError, ValueError):
+        s.connect(path)
+        f = s.makefile("rwb")
+        for line in (None, b'{"execute":"qmp_capabilities"}', b'{"execute":"query-status"}'):
+            if line:
+                f.write(line + b"\n")
+                f.flush()
+            while True:
+                ans = json.loads(f.readline())
+                if "event" not in ans:
+                    break
+        return ans.get("return", {}).get("status")
+    except (OSError, ValueError):
         return None
+    finally:
+        s.close()
 
 
 def run(args, tmp):
@@ -131,24 +146,25 @@ def run(args, tmp):
             res["stopped"] = f"the migration to the secondary ended as {status!r}"
             return res
         t_colo = time.monotonic()
-        log("QEMU COLO: protected; traffic through the pair")
-        if args.traffic_seconds > 0:
-            got, errs = traffic.measure(GUEST, args.traffic_seconds, 1, args.traffic_ping_ms)
-            res.update({f"pair_{k}": v for k, v in got.items()})
-            if errs:
-                res["pair_errors"] = errs[:3]
-        # Is the primary still there after a few checkpoints?
+        log("QEMU COLO: protected; is its primary there after a few checkpoints?")
         alive_until = 0.0
         for _ in range(max(3, int(3 * args.period_ms / 1000))):
             if _qmp_alive(qp) is None:
                 res["stopped"] = (f"the primary's QMP stopped answering "
-                                  f"{time.monotonic() - t_colo:.0f} s into COLO")
+                                  f"{time.monotonic() - t_colo:.0f} s into COLO "
+                                  f"(checkpoint every {args.period_ms} ms)")
                 break
             alive_until = time.monotonic() - t_colo
             time.sleep(1.0)
         res["primary_answered_s"] = alive_until
         if "stopped" in res:
+            res["guest_pings"] = traffic.ping(GUEST, 3.0, 0.1)
             return res
+        if args.traffic_seconds > 0:
+            got, errs = traffic.measure(GUEST, args.traffic_seconds, 1, args.traffic_ping_ms)
+            res.update({f"pair_{k}": v for k, v in got.items()})
+            if errs:
+                res["pair_errors"] = errs[:3]
         pinger = Pinger(GUEST, args.ping_ms / 1000.0)
         try:
             time.sleep(1.0)
