@@ -6,7 +6,9 @@
 //! One test per failure, each in its own namespace (they run on the two
 //! test threads side by side):
 //! - the primary is killed (SIGKILL): the secondary takes the lease and
-//!   serves from its last checkpoint: its console answers, a file written
+//!   serves from its last checkpoint (a ping every 20 ms from the kill on
+//!   gets its first reply within the heartbeat timeout + 1 s): its
+//!   console answers, a file written
 //!   in guest memory after the pair started (so carried by a checkpoint)
 //!   has its checksum, the counting loop goes on, and the guest answers
 //!   pings through the bridge on the secondary's own tap. Before that, a
@@ -22,8 +24,9 @@
 //! - a service whose replies differ between the two guests: mismatches
 //!   make checkpoints, and the client gets each reply whole;
 //! - the secondary is killed: the primary goes on alone (`primary_alone`,
-//!   its alone mark in the lease), its guest unchanged and answering, and
-//!   the verbs a pair refuses (pause) work again.
+//!   its alone mark in the lease), its guest unchanged and answering, a
+//!   client stream running across it arrives whole, and the verbs a pair
+//!   refuses (pause) work again.
 //! - the link is cut with both alive (the primary stopped with SIGSTOP,
 //!   then continued): the secondary waits for the lease the primary holds,
 //!   the primary goes on alone; when the primary then dies, the secondary
@@ -56,8 +59,8 @@ const THROUGH: Pace = Pace {
     piece: 16 << 10,
     every: Duration::from_millis(200),
 };
-/// A stream opened after the last checkpoint before the primary's death:
-/// 512 KiB, 16 KiB every 200 ms (some 6 s; the primary dies 1 s in).
+/// A stream opened shortly before one side's death: 512 KiB, 16 KiB every
+/// 200 ms (some 6 s; the kill comes 1 s in).
 const LATE: Pace = Pace {
     bytes: 512 << 10,
     piece: 16 << 10,
@@ -290,17 +293,27 @@ fn the_secondary_takes_over_when_the_primary_dies() {
     );
     pair.primary.kill();
     let killed = Instant::now();
+    // A ping every 20 ms from the kill on: only the secondary can answer.
+    let pings = pair
+        .ns
+        .command("ping")
+        .args(["-n", "-i", "0.02", "-w", "5", GUEST_IP0])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ping");
     wait_until("the secondary serves", CMD, || {
         status(&pair.secondary_api)["state"] == "failed_over"
     });
     let took = killed.elapsed();
+    let first = first_reply(pings);
     phase(&format!(
-        "a: failed over {} ms after the kill",
-        took.as_millis()
+        "a: failed over {} ms after the kill; first ping reply ~{} ms after it",
+        took.as_millis(),
+        first.as_millis()
     ));
     assert!(
-        took < HEARTBEAT_TIMEOUT + Duration::from_secs(1),
-        "failover took {took:?}"
+        first < HEARTBEAT_TIMEOUT + Duration::from_secs(1),
+        "the first reply came {first:?} after the kill"
     );
     wait_until("the secondary says so", CMD, || {
         pair.secondary.stderr().contains("this VM serves now")
@@ -372,6 +385,17 @@ fn the_primary_goes_on_alone_when_the_secondary_dies() {
     assert_ne!(code, 0, "pause in a pair: {a}");
     let sum = pair.primary.ok("sha256sum /etc/passwd", CMD);
 
+    // A client stream into the guest (its server in both guests: a
+    // checkpoint between), through the pair and across the secondary's
+    // death.
+    let (p_api, s_api) = (pair.primary_api.clone(), pair.secondary_api.clone());
+    let stream = Stream::start_after(&mut pair.primary, &pair.ns, 5003, 23, LATE, |_| {
+        checkpoint_now(&p_api, &s_api);
+    });
+    assert!(
+        stream.running(),
+        "the stream runs across the secondary's death"
+    );
     pair.secondary.kill();
     let killed = Instant::now();
     wait_until("the primary goes alone", CMD, || {
@@ -404,7 +428,21 @@ fn the_primary_goes_on_alone_when_the_secondary_dies() {
     assert_eq!(code, 0, "pause once alone: {a}");
     let (code, a) = ctl(&pair.primary_api, &["resume"]);
     assert_eq!(code, 0, "resume: {a}");
-    phase("b: the primary goes on alone");
+    stream.check(&mut pair.primary);
+    phase("b: the primary goes on alone; the stream arrived whole");
+}
+
+/// When `ping -i 0.02`'s first reply came, from its sequence number (an
+/// upper bound: the process started just after the kill).
+fn first_reply(ping: std::process::Child) -> Duration {
+    let out = ping.wait_with_output().expect("ping's output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let seq = text
+        .lines()
+        .find_map(|l| l.split("icmp_seq=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no ping reply within 5 s of the kill: {text}"));
+    Duration::from_millis(20 * (seq + 1))
 }
 
 /// The secondary's image, its guest's disk unmounted after the failover:
