@@ -166,6 +166,7 @@ def one(args, snap, tmp, n):
         res.update({
             "checkpoints": c["total"],
             "per_min": c["total"] / elapsed * 60.0,
+            "pause_mean_ms": c["mean_pause_ms"],
             "pause_p50_ms": pauses[len(pauses) // 2],
             "pause_p99_ms": pauses[min(len(pauses) - 1, int(len(pauses) * 0.99))],
             "pause_max_ms": c["max_pause_ms"],
@@ -215,7 +216,8 @@ def queue_run(args, snap, tmp, n, policy):
         pair.close()
 
 
-FIGURES = [("checkpoints", "{:.0f}"), ("per_min", "{:.1f}"), ("pause_p50_ms", "{:.1f}"),
+FIGURES = [("checkpoints", "{:.0f}"), ("per_min", "{:.1f}"), ("pause_mean_ms", "{:.1f}"),
+           ("pause_p50_ms", "{:.1f}"),
            ("pause_p99_ms", "{:.1f}"), ("pause_max_ms", "{:.1f}"), ("mean_kib", "{:.0f}"),
            ("secondary_pages_per_cp", "{:.0f}"), ("sync_downtime_ms", "{:.1f}"),
            ("failover_ms", "{:.0f}"),
