@@ -12,9 +12,12 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 # Tools the test suite uses besides the guest build's own dependencies
 # (ethtool: the RSC test and benchmark turn tap segmentation offloads off;
-# fonts-dejavu-core: the font of the migration jitter probe's plot).
+# fonts-dejavu-core: the font of the migration jitter probe's plot;
+# etcd-server, etcd-client: the two-host COLO tests start their own etcd,
+# the arbiter, in a namespace).
 need=()
-for p in util-linux iproute2 coreutils iputils-ping ethtool fonts-dejavu-core; do
+for p in util-linux iproute2 coreutils iputils-ping ethtool fonts-dejavu-core \
+    etcd-server etcd-client; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

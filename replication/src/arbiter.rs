@@ -1,9 +1,11 @@
 //! Who may serve the client: the lease (design.md §6, Arbiter).
 //!
-//! Owns the [`Arbiter`] trait and [`LockFileLease`], the one-host lease.
-//! Called by the VMM thread through [`crate::failover`]; it never decides
-//! a transition itself, never blocks (every call is non-blocking), and
-//! never guesses: a call that cannot tell says so with an error.
+//! Owns the [`Arbiter`] trait, the [`Gate`] a side's output passes, and
+//! [`LockFileLease`], the one-host lease (the etcd lease across hosts is
+//! [`crate::etcd`]). Called by the VMM thread through [`crate::failover`];
+//! it never decides a transition itself, never blocks longer than one
+//! bounded call to its store, and never guesses: a call that cannot tell
+//! says so with an error.
 //!
 //! The rule, for every arbiter:
 //! - The side that serves the client holds the lease: the primary from
@@ -21,6 +23,11 @@
 //!   behind what the client already saw): it releases the lease and
 //!   retires with a clear message. Unavailability is acceptable in a
 //!   double fault; serving stale state never is.
+//! - A side releases output only while its lease's [`Gate`] is open
+//!   ([`Arbiter::gate`]): the gate closes, by itself, before a lease that
+//!   cannot be renewed can pass to the other side. The gate is read at
+//!   every frame on another thread: an atomic load and a clock read, no
+//!   lock, no I/O.
 //!
 //! [`LockFileLease`]: an exclusive `flock` on a file, which the kernel
 //! releases when the holder's process dies. `flock` locks belong to an
@@ -37,11 +44,14 @@ use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-/// Errors of an arbiter. Each keeps the path and the source.
+/// Errors of an arbiter. Each keeps the path, key or endpoint, and the
+/// source.
 #[derive(Debug, thiserror::Error)]
 pub enum ArbiterError {
     #[error("cannot open the lock file {path}")]
@@ -58,8 +68,8 @@ pub enum ArbiterError {
     },
     #[error("the lock file {path} was replaced or removed while locking it")]
     Replaced { path: PathBuf },
-    #[error("the lease {path} is not held by this side")]
-    NotHeld { path: PathBuf },
+    #[error("the lease {resource} is not held by this side")]
+    NotHeld { resource: String },
     #[error("cannot write the alone mark {path}")]
     WriteMark {
         path: PathBuf,
@@ -72,16 +82,143 @@ pub enum ArbiterError {
         #[source]
         source: io::Error,
     },
-    #[error("the alone mark {path} holds {content:?}, not an epoch")]
-    BadMark { path: PathBuf, content: String },
+    #[error("the alone mark {resource} holds {content:?}, not an epoch")]
+    BadMark { resource: String, content: String },
+    #[error("cannot read the holder recorded in {path}")]
+    ReadHolder {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("etcd: cannot {what}")]
+    Etcd {
+        what: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    #[error("etcd: no answer within {after:?}: cannot {what}")]
+    Timeout { what: String, after: Duration },
+    #[error("etcd: unexpected answer: {0}")]
+    Protocol(String),
+    #[error("bad etcd arbiter: {0}")]
+    BadSpec(String),
+    #[error("cannot start the etcd client's runtime")]
+    Runtime(#[source] io::Error),
+}
+
+/// The process-wide base of [`Gate`] deadlines.
+fn gate_base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+/// A deadline's encoding: nanoseconds since [`gate_base`], plus one, so
+/// that every instant at or before the base is 1 (already past) and 0
+/// stays free for "closed". Saturates below [`Gate::FOREVER`].
+fn gate_ns(t: Instant) -> u64 {
+    let ns = t.saturating_duration_since(gate_base()).as_nanos();
+    u64::try_from(ns)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+        .min(Gate::FOREVER - 1)
+}
+
+/// Whether a side may release output now: a deadline shared between the
+/// thread that renews the lease and the threads that read it at every
+/// frame. Cloning is cheap and every clone sees the same deadline.
+///
+/// Contract: the gate is *closed* (never opened, or [`Gate::close`]d),
+/// *open until* an instant (open while now is before it, then *run out*:
+/// shut, yet still renewable by the lease's holder), or *open forever*.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    /// 0: closed; [`Gate::FOREVER`]: open forever; else [`gate_ns`] of the
+    /// deadline.
+    deadline: Arc<AtomicU64>,
+}
+
+impl Gate {
+    const CLOSED: u64 = 0;
+    const FOREVER: u64 = u64::MAX;
+
+    /// A new, closed gate.
+    pub fn closed() -> Gate {
+        Gate {
+            deadline: Arc::new(AtomicU64::new(Self::CLOSED)),
+        }
+    }
+
+    /// Whether output may be released now (now is before the deadline).
+    pub fn is_open(&self) -> bool {
+        match self.deadline.load(Ordering::Acquire) {
+            Self::CLOSED => false,
+            Self::FOREVER => true,
+            d => gate_ns(Instant::now()) < d,
+        }
+    }
+
+    /// Opens the gate until `t` (replacing any deadline, earlier or later;
+    /// a `t` already past leaves it shut).
+    pub fn open_until(&self, t: Instant) {
+        self.deadline.store(gate_ns(t), Ordering::Release);
+    }
+
+    /// Opens the gate without a deadline.
+    pub fn open_forever(&self) {
+        self.deadline.store(Self::FOREVER, Ordering::Release);
+    }
+
+    /// Closes the gate.
+    pub fn close(&self) {
+        self.deadline.store(Self::CLOSED, Ordering::Release);
+    }
+
+    /// Moves the deadline later to `t`: never earlier, and never reopens a
+    /// closed gate (one that ran out, yes). True if the deadline is now at
+    /// or after `t`.
+    pub(crate) fn extend_until(&self, t: Instant) -> bool {
+        let want = gate_ns(t);
+        let res = self
+            .deadline
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                (d != Self::CLOSED && d < want).then_some(want)
+            });
+        match res {
+            Ok(_) => true,
+            Err(d) => d != Self::CLOSED,
+        }
+    }
+
+    /// The deadline of a gate opened until an instant, even one already
+    /// past (the gate ran out; an instant before the process's first use
+    /// of a gate reads as that first use); `None` when closed or open
+    /// forever.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.deadline.load(Ordering::Acquire) {
+            Self::CLOSED | Self::FOREVER => None,
+            d => Some(gate_base() + Duration::from_nanos(d - 1)),
+        }
+    }
+
+    /// How long the gate stays open: zero when closed or run out, `None`
+    /// (no limit) when open forever.
+    pub fn time_left(&self) -> Option<Duration> {
+        match self.deadline.load(Ordering::Acquire) {
+            Self::CLOSED => Some(Duration::ZERO),
+            Self::FOREVER => None,
+            d => Some(Duration::from_nanos(
+                d.saturating_sub(gate_ns(Instant::now())),
+            )),
+        }
+    }
 }
 
 /// What an arbiter reports for a status request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ArbiterInfo {
-    /// `"lock-file"`, later `"etcd"`.
+    /// `"lock-file"` or `"etcd"`.
     pub kind: &'static str,
-    /// The lock file's path or the lease's key.
+    /// The lock file's path, or the etcd lease's spec (endpoints and key).
     pub resource: String,
     /// Whether this side holds the lease.
     pub held: bool,
@@ -112,6 +249,16 @@ pub trait Arbiter: Send {
     fn alone_mark(&self) -> Result<Option<u64>, ArbiterError>;
     /// What to report for a status request.
     fn describe(&self) -> ArbiterInfo;
+    /// The gate this side's output passes: open exactly while this side
+    /// may release output under the lease. One shared gate for the
+    /// arbiter's whole life: a clone taken before acquiring sees every
+    /// later change.
+    fn gate(&self) -> Gate;
+    /// Who holds the lease now, as the store says (the identity the holder
+    /// recorded), `None` if nobody; an error if the store cannot tell.
+    /// Asks the store (one bounded call): for a fenced side to learn
+    /// whether it lost.
+    fn current_holder(&mut self) -> Result<Option<String>, ArbiterError>;
 }
 
 /// The one-host lease: an exclusive `flock` on a file.
@@ -122,6 +269,7 @@ pub struct LockFileLease {
     file: File,
     identity: String,
     held: bool,
+    gate: Gate,
 }
 
 impl LockFileLease {
@@ -148,6 +296,7 @@ impl LockFileLease {
             file,
             identity: identity.to_string(),
             held: false,
+            gate: Gate::closed(),
         })
     }
 
@@ -205,6 +354,20 @@ impl LockFileLease {
         }
     }
 
+    /// The identity recorded in the lock file, if any.
+    fn recorded_holder(&self) -> io::Result<Option<String>> {
+        let mut buf = [0u8; 256];
+        let n = self.file.read_at(&mut buf, 0)?;
+        let text = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+        Ok((!text.is_empty()).then_some(text))
+    }
+
+    fn not_held(&self) -> ArbiterError {
+        ArbiterError::NotHeld {
+            resource: self.path.display().to_string(),
+        }
+    }
+
     fn write_mark(&self, content: &str) -> io::Result<()> {
         let mut tmp = self.mark_path.clone().into_os_string();
         tmp.push(".tmp");
@@ -255,6 +418,7 @@ impl Arbiter for LockFileLease {
             }
         }
         self.held = true;
+        self.gate.open_forever();
         self.record_holder();
         log::info!(
             "lease {}: acquired by {}",
@@ -272,6 +436,7 @@ impl Arbiter for LockFileLease {
         if !self.held {
             return;
         }
+        self.gate.close();
         if let Err(e) = self.file.set_len(0) {
             log::warn!(
                 "lease {}: cannot clear the holder: {e}",
@@ -292,9 +457,7 @@ impl Arbiter for LockFileLease {
 
     fn mark_alone(&mut self, epoch: u64) -> Result<(), ArbiterError> {
         if !self.held {
-            return Err(ArbiterError::NotHeld {
-                path: self.path.clone(),
-            });
+            return Err(self.not_held());
         }
         self.write_mark(&format!("{epoch}\n"))
             .map_err(|source| ArbiterError::WriteMark {
@@ -305,9 +468,7 @@ impl Arbiter for LockFileLease {
 
     fn clear_alone(&mut self) -> Result<(), ArbiterError> {
         if !self.held {
-            return Err(ArbiterError::NotHeld {
-                path: self.path.clone(),
-            });
+            return Err(self.not_held());
         }
         let res = match fs::remove_file(&self.mark_path) {
             Ok(()) => self.sync_dir(),
@@ -336,7 +497,7 @@ impl Arbiter for LockFileLease {
             .parse::<u64>()
             .map(Some)
             .map_err(|_| ArbiterError::BadMark {
-                path: self.mark_path.clone(),
+                resource: self.mark_path.display().to_string(),
                 content: content.chars().take(64).collect(),
             })
     }
@@ -345,10 +506,7 @@ impl Arbiter for LockFileLease {
         let holder = if self.held {
             Some(self.identity.clone())
         } else {
-            let mut buf = [0u8; 256];
-            let n = self.file.read_at(&mut buf, 0).unwrap_or(0);
-            let text = String::from_utf8_lossy(&buf[..n]).trim().to_string();
-            (!text.is_empty()).then_some(text)
+            self.recorded_holder().ok().flatten()
         };
         ArbiterInfo {
             kind: "lock-file",
@@ -357,6 +515,43 @@ impl Arbiter for LockFileLease {
             holder,
             ttl_left: None,
         }
+    }
+
+    fn gate(&self) -> Gate {
+        self.gate.clone()
+    }
+
+    fn current_holder(&mut self) -> Result<Option<String>, ArbiterError> {
+        if self.held {
+            return Ok(Some(self.identity.clone()));
+        }
+        let locked = self
+            .flock(libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|source| ArbiterError::Lock {
+                path: self.path.clone(),
+                source,
+            })?;
+        if locked {
+            // Free: give it back at once, we only looked.
+            if let Err(e) = self.flock(libc::LOCK_UN) {
+                log::error!("lease {}: unlock failed: {e}", self.path.display());
+            }
+            return Ok(None);
+        }
+        let holder = self
+            .recorded_holder()
+            .map_err(|source| ArbiterError::ReadHolder {
+                path: self.path.clone(),
+                source,
+            })?;
+        Ok(Some(holder.unwrap_or_else(|| "unknown".to_string())))
+    }
+}
+
+impl Drop for LockFileLease {
+    /// Closing the file releases the lock: close the gate with it.
+    fn drop(&mut self) {
+        self.gate.close();
     }
 }
 
@@ -464,6 +659,118 @@ pub(crate) mod tests {
             Err(ArbiterError::Replaced { .. })
         ));
         assert!(!a.holds());
+    }
+
+    #[test]
+    fn a_gate_opens_until_its_deadline() {
+        let g = Gate::closed();
+        assert!(!g.is_open());
+        assert_eq!(g.deadline(), None);
+        assert_eq!(g.time_left(), Some(Duration::ZERO));
+        let t = Instant::now() + Duration::from_secs(60);
+        g.open_until(t);
+        assert!(g.is_open());
+        let d = g.deadline().unwrap();
+        assert!(d <= t && t - d < Duration::from_micros(1), "{d:?} vs {t:?}");
+        let left = g.time_left().unwrap();
+        assert!(left > Duration::from_secs(59) && left <= Duration::from_secs(60));
+        g.open_until(Instant::now() + Duration::from_millis(30));
+        assert!(g.is_open(), "open_until moves a deadline earlier too");
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(!g.is_open(), "ran out");
+        assert!(g.deadline().is_some(), "a run-out gate keeps its deadline");
+        assert_eq!(g.time_left(), Some(Duration::ZERO));
+        g.open_until(Instant::now() - Duration::from_secs(1));
+        assert!(!g.is_open(), "a deadline in the past leaves it shut");
+    }
+
+    #[test]
+    fn a_gate_open_forever_and_closed_again() {
+        let g = Gate::closed();
+        let seen = g.clone();
+        g.open_forever();
+        assert!(seen.is_open(), "clones share the deadline");
+        assert_eq!(seen.deadline(), None);
+        assert_eq!(seen.time_left(), None);
+        g.close();
+        assert!(!seen.is_open());
+        // An instant before the process-wide base is past, not closed.
+        let early = Instant::now().checked_sub(Duration::from_secs(3600));
+        if let Some(early) = early {
+            g.open_until(early);
+            assert!(!g.is_open());
+        }
+    }
+
+    #[test]
+    fn extending_a_gate_never_moves_it_back_nor_reopens_it() {
+        let g = Gate::closed();
+        let soon = Instant::now() + Duration::from_secs(10);
+        assert!(!g.extend_until(soon), "a closed gate stays closed");
+        assert!(!g.is_open());
+        g.open_until(soon);
+        assert!(g.extend_until(soon - Duration::from_secs(5)));
+        assert_eq!(g.deadline(), Some(soon), "never backwards");
+        let later = soon + Duration::from_secs(5);
+        assert!(g.extend_until(later));
+        assert!(g.deadline().unwrap() > soon);
+        g.open_until(Instant::now() - Duration::from_millis(1));
+        assert!(!g.is_open());
+        assert!(g.extend_until(later), "a run-out gate may be renewed");
+        assert!(g.is_open());
+        g.open_forever();
+        assert!(g.extend_until(later));
+        assert_eq!(g.time_left(), None, "forever stays forever");
+    }
+
+    #[test]
+    fn the_lock_file_gate_follows_the_lock() {
+        let dir = TempDir::new("lease-gate");
+        let path = dir.0.join("lease");
+        let mut a = LockFileLease::open(&path, "a").unwrap();
+        let mut b = LockFileLease::open(&path, "b").unwrap();
+        let gate = a.gate();
+        assert!(!gate.is_open(), "closed before the first acquire");
+        assert!(a.try_acquire().unwrap());
+        assert!(gate.is_open(), "a clone taken before sees the acquire");
+        assert_eq!(gate.time_left(), None);
+        assert!(!b.try_acquire().unwrap());
+        assert!(!b.gate().is_open());
+        a.release();
+        assert!(!gate.is_open());
+        assert!(a.try_acquire().unwrap());
+        assert!(gate.is_open());
+        drop(a);
+        assert!(!gate.is_open(), "dropping the lease closes its gate");
+        assert!(b.try_acquire().unwrap());
+        assert!(b.gate().is_open());
+    }
+
+    #[test]
+    fn the_lock_file_tells_its_current_holder() {
+        let dir = TempDir::new("lease-holder");
+        let path = dir.0.join("lease");
+        let mut a = LockFileLease::open(&path, "primary pid 1").unwrap();
+        let mut b = LockFileLease::open(&path, "secondary pid 2").unwrap();
+        assert_eq!(b.current_holder().unwrap(), None);
+        assert!(a.try_acquire().unwrap(), "looking left it free");
+        assert_eq!(
+            a.current_holder().unwrap().as_deref(),
+            Some("primary pid 1")
+        );
+        assert_eq!(
+            b.current_holder().unwrap().as_deref(),
+            Some("primary pid 1")
+        );
+        a.file.set_len(0).unwrap();
+        assert_eq!(b.current_holder().unwrap().as_deref(), Some("unknown"));
+        a.release();
+        assert_eq!(b.current_holder().unwrap(), None);
+        assert!(b.try_acquire().unwrap());
+        assert_eq!(
+            a.current_holder().unwrap().as_deref(),
+            Some("secondary pid 2")
+        );
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //! ```text
 //!  primary:   Syncing ─first checkpoint→ Protected
 //!             Syncing|Protected ─peer lost, lease held, alone marked→ PrimaryAlone
-//!             any serving state ─lease lost or not holdable→ Fenced
+//!             PrimaryAlone ─lease lost or not holdable→ Fenced
+//!             (Syncing|Protected without a renewable lease go on while
+//!             the secondary answers: it covers the output and cannot
+//!             serve; the peer lost then, the lease is needed to go alone)
 //!  secondary: Syncing ─first checkpoint→ Protected
 //!             Syncing ─primary lost (nothing committed)→ Retired
 //!             Protected ─primary lost→ FailingOver (waits for the lease)
@@ -341,9 +344,19 @@ impl Failover {
         }
     }
 
-    /// Whether this side serves or is taking over, so must hold the lease.
+    /// Whether this side serves without its peer, or is taking over, so
+    /// must hold the lease at every moment. A primary in the pair does
+    /// not: its output is the secondary's too, and the secondary, which
+    /// still answers it, does not serve (the vmm's peer gate bounds that
+    /// in time); it needs the lease again to go alone.
     fn needs_lease(&self) -> bool {
-        self.serves() || (self.state == State::FailingOver && self.takeover_issued)
+        match self.role {
+            Role::Primary => self.state == State::PrimaryAlone,
+            Role::Secondary => {
+                self.state == State::FailedOver
+                    || (self.state == State::FailingOver && self.takeover_issued)
+            }
+        }
     }
 
     /// Whether the pair is still formed (heartbeats count).

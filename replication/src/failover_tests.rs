@@ -84,6 +84,12 @@ impl Arbiter for Mock {
         }
         Ok(s.mark)
     }
+    fn gate(&self) -> crate::arbiter::Gate {
+        crate::arbiter::Gate::closed()
+    }
+    fn current_holder(&mut self) -> Result<Option<String>, ArbiterError> {
+        Ok(self.shared.lock().unwrap().holder.map(|h| h.to_string()))
+    }
     fn describe(&self) -> ArbiterInfo {
         ArbiterInfo {
             kind: "mock",
@@ -210,11 +216,32 @@ fn secondary_death_primary_goes_alone_after_marking() {
 }
 
 #[test]
+fn protected_primary_without_the_lease_goes_on_until_the_peer_is_lost() {
+    let (mut pa, _, shared) = pair_of_mocks();
+    let t0 = Instant::now();
+    let (mut p, _) = protected_pair(t0, &mut pa);
+    // The lease cannot be renewed (etcd away): while the secondary answers,
+    // the pair stays protected (the secondary covers the output and does
+    // not serve).
+    shared.lock().unwrap().holder = None;
+    shared.lock().unwrap().fail_acquire = true;
+    p.heartbeat_received(t0 + ms(500));
+    assert_eq!(p.tick(t0 + ms(600), &mut pa), vec![Action::SendHeartbeat]);
+    assert_eq!(p.state(), State::Protected);
+    assert!(p.serves());
+    // Then the peer is lost too: it cannot go alone without the lease.
+    let a = p.tick(t0 + ms(1700), &mut pa);
+    assert_eq!(a, vec![Action::StopReplication, Action::Fence]);
+    assert_eq!(p.state(), State::Fenced);
+}
+
+#[test]
 fn primary_that_cannot_hold_the_lease_fences() {
     let (mut pa, _, shared) = pair_of_mocks();
     let t0 = Instant::now();
     let (mut p, _) = protected_pair(t0, &mut pa);
-    // The lease was lost (e.g. taken after a TTL) and is held elsewhere.
+    // The lease was lost (e.g. taken after a TTL) and is held elsewhere:
+    // the peer's loss fences it.
     shared.lock().unwrap().holder = Some(9);
     let a = p.tick(t0 + ms(1500), &mut pa);
     assert_eq!(a, vec![Action::StopReplication, Action::Fence]);
@@ -236,17 +263,21 @@ fn primary_that_cannot_mark_fences() {
 }
 
 #[test]
-fn primary_lease_error_fences() {
+fn primary_lease_error_fences_when_the_peer_is_lost() {
     let (mut pa, _, shared) = pair_of_mocks();
     let t0 = Instant::now();
     let (mut p, _) = protected_pair(t0, &mut pa);
     shared.lock().unwrap().holder = None;
     shared.lock().unwrap().fail_acquire = true;
-    // Not holding the lease while serving already fences at the tick.
     assert_eq!(
-        p.tick(t0, &mut pa),
+        p.connection_lost(&mut pa),
         vec![Action::StopReplication, Action::Fence]
     );
+    assert!(p
+        .status(t0)
+        .reason
+        .unwrap()
+        .contains("cannot hold the lease"));
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! COLO fault tolerance, the pure parts (../shared/design.md §6): no KVM,
-//! no threads, no sockets of its own. `vmm` owns the threads, the VMs and
-//! the wire; it drives these types with frames, times and events, and
-//! implements the traits they need. Every module is unit-tested alone.
+//! no threads, no sockets of its own, except the etcd lease ([`etcd`]),
+//! which owns one runtime thread and its connections to etcd. `vmm` owns
+//! the threads, the VMs and the wire; it drives these types with frames,
+//! times and events, and implements the traits they need. Every module is
+//! unit-tested alone.
 //!
 //! The network side (the primary's compare thread):
 //! - [`packet`]: a frame from a tap, parsed once (etherparse) into what
@@ -25,7 +27,9 @@
 //! - [`failover`]: roles, the pair's state, the heartbeat, and who may
 //!   serve after a failure, decided by an [`arbiter`] (a lease), never
 //!   guessed.
-//! - [`arbiter`]: the lease trait and the one-host lock-file lease.
+//! - [`arbiter`]: the lease trait, the gate a side's output passes, and
+//!   the one-host lock-file lease.
+//! - [`etcd`]: the lease across hosts, a key in etcd under a TTL lease.
 //! - [`journal`]: the secondary's disk: the primary's writes journaled
 //!   until a checkpoint commits, its own guest's writes in an overlay
 //!   dropped at each checkpoint and merged at failover.
@@ -33,6 +37,8 @@
 pub mod arbiter;
 pub mod compare;
 pub mod conntrack;
+pub mod etcd;
+mod etcd_keepalive;
 pub mod failover;
 pub mod journal;
 pub mod packet;

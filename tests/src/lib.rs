@@ -7,6 +7,8 @@
 //! (see the README's known issues). The VMM process is always killed on drop.
 
 pub mod base;
+pub mod colo;
+pub mod hosts;
 pub mod netns;
 pub mod stream;
 

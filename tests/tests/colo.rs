@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tandem_tests::base::{device_args, disk_copy, scratch, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
+use tandem_tests::colo::{checkpoint_now, status, wait_checkpoints, wait_until};
 use tandem_tests::netns::NetNs;
 use tandem_tests::stream::{Pace, Stream};
 use tandem_tests::{ctl, phase, tandem_bin, TestVm};
@@ -156,32 +157,6 @@ impl Pair {
     }
 }
 
-/// A checkpoint now on the pair of these API sockets, committed on both
-/// sides; the primary's status then.
-fn checkpoint_now(primary: &Path, secondary: &Path) -> serde_json::Value {
-    let seen = status(primary)["checkpoints"]["total"]
-        .as_u64()
-        .unwrap_or(0);
-    let (code, a) = ctl(primary, &["colo-checkpoint"]);
-    assert_eq!(code, 0, "colo-checkpoint: {a}");
-    let s = wait_checkpoints(primary, seen + 1);
-    let epoch = s["epoch"].as_u64().unwrap_or(0);
-    wait_until("the secondary committed it", CMD, || {
-        status(secondary)["epoch"].as_u64() >= Some(epoch)
-    });
-    s
-}
-
-fn wait_checkpoints(primary: &Path, n: u64) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
-    wait_until(&format!("{n} checkpoints"), CMD, || {
-        last = status(primary);
-        assert_ne!(last["state"], "retired", "the pair did not start: {last}");
-        last["state"] == "protected" && last["checkpoints"]["total"].as_u64() >= Some(n)
-    });
-    last
-}
-
 /// `tandem run --colo secondary` in `ns` on tap2/tap3 and `image` (removed
 /// with it), listening on `addr`; returns once it listens.
 fn secondary(ns: &NetNs, addr: &str, lease: &Path, api: &Path, image: PathBuf) -> TestVm {
@@ -205,20 +180,6 @@ fn secondary(ns: &NetNs, addr: &str, lease: &Path, api: &Path, image: PathBuf) -
         vm.stderr().contains("waiting for a migration on")
     });
     vm
-}
-
-fn status(api: &Path) -> serde_json::Value {
-    let (code, a) = ctl(api, &["colo-status"]);
-    assert_eq!(code, 0, "colo-status: {a}");
-    a["colo"].clone()
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !done() {
-        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The counting loop's last number (the shell may first report a

@@ -22,7 +22,8 @@
 //! {"cmd":"migrate_status"}         -> {"ok":true,"migration":{"phase":...,"round":...,...}}
 //! {"cmd":"migrate_cancel"}         -> {"ok":true,"migration":{...}} (the guest runs on here)
 //! {"cmd":"colo_start","to":"tcp:H:P"|"unix:PATH","checkpoint_period_ms":20000,
-//!  "heartbeat_ms":100,"heartbeat_timeout_ms":1000,"lease":"/tmp/F.lock",
+//!  "heartbeat_ms":100,"heartbeat_timeout_ms":1000,"lease":"/tmp/F.lock"
+//!  |"arbiter":"etcd:http://H:P/KEY","lease_ttl_s":3,
 //!  "compare_timeout_ms":3000,"max_queue":1024,"queue_full":"drop"|"checkpoint"}
 //!                                  -> {"ok":true,"colo":{report}} (started; fields optional)
 //! {"cmd":"colo_status"}            -> {"ok":true,"colo":{"role":...,"state":...,...}}
@@ -162,6 +163,10 @@ pub enum Request {
         heartbeat_timeout_ms: u32,
         #[serde(default)]
         lease: Option<PathBuf>,
+        #[serde(default)]
+        arbiter: Option<String>,
+        #[serde(default)]
+        lease_ttl_s: Option<u32>,
         #[serde(default = "field::default_compare_timeout")]
         compare_timeout_ms: u64,
         #[serde(default = "field::default_max_queue")]
@@ -412,18 +417,28 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             heartbeat_ms,
             heartbeat_timeout_ms,
             lease,
+            arbiter,
+            lease_ttl_s,
             compare_timeout_ms,
             max_queue,
             queue_full,
         } => match to.parse::<crate::migrate::Endpoint>() {
             Ok(to) => {
-                let lease = lease.unwrap_or_else(|| crate::colo::default_lease(&to));
+                let arbiter = match crate::colo::arbiter::ArbiterSpec::from_options(
+                    arbiter.as_deref(),
+                    lease,
+                    lease_ttl_s,
+                    &to,
+                ) {
+                    Ok(a) => a,
+                    Err(e) => return answer(Err(VmOpError::Colo(e))),
+                };
                 answer(ctl.colo_start(crate::colo::Params {
                     to,
                     checkpoint_period_ms,
                     heartbeat_ms,
                     heartbeat_timeout_ms,
-                    lease,
+                    arbiter,
                     compare_timeout_ms,
                     max_queue,
                     queue_full,

@@ -26,6 +26,9 @@ pub enum VmExit {
     /// A COLO secondary that must not serve (its state is behind what the
     /// client saw, or the pair never protected it); why.
     Retired(String),
+    /// A COLO side that fenced itself and then learned from the arbiter
+    /// that it lost the lease; why.
+    Fenced(String),
 }
 
 impl VmExit {
@@ -39,7 +42,7 @@ impl VmExit {
             | VmExit::Quit
             | VmExit::Shutdown
             | VmExit::Migrated(_) => 0,
-            VmExit::IncomingFailed(_) | VmExit::Retired(_) => 1,
+            VmExit::IncomingFailed(_) | VmExit::Retired(_) | VmExit::Fenced(_) => 1,
             VmExit::Panic(_) => 2,
             VmExit::Fatal(_) => 3,
         }

@@ -142,10 +142,22 @@ enum Verb {
         /// twice --heartbeat-ms).
         #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_HEARTBEAT_TIMEOUT_MS)]
         heartbeat_timeout_ms: u32,
-        /// The lease file the pair shares (default: after ADDR, as the
-        /// secondary's --colo-lease).
-        #[arg(long, value_name = "PATH")]
+        /// The lease file the pair shares on one host (default: after ADDR,
+        /// as the secondary's --colo-lease).
+        #[arg(long, value_name = "PATH", conflicts_with = "arbiter")]
         lease: Option<PathBuf>,
+        /// The arbiter of a pair on two hosts:
+        /// etcd:http://ADDR:PORT[,http://ADDR:PORT...]/KEY, the endpoints
+        /// this host reaches etcd by and the key both sides use. The side
+        /// that serves holds a lease on KEY and keeps it alive; when it
+        /// cannot renew it in time it fences itself (stops its output,
+        /// pauses its guest) before the lease can expire.
+        #[arg(long, value_name = "SPEC")]
+        arbiter: Option<String>,
+        /// The etcd lease's TTL, whole seconds (2 at least; default 3): a
+        /// side cut off is replaced after about this long.
+        #[arg(long, value_name = "S", requires = "arbiter")]
+        lease_ttl_s: Option<u32>,
         /// A frame of this VM's waits this long for the secondary's same
         /// frame, ms, then a checkpoint releases it.
         #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_COMPARE_TIMEOUT_MS)]
@@ -223,6 +235,8 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
             heartbeat_ms,
             heartbeat_timeout_ms,
             lease,
+            arbiter,
+            lease_ttl_s,
             compare_timeout_ms,
             max_queue,
             colo_queue_full,
@@ -232,6 +246,8 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
             heartbeat_ms: *heartbeat_ms,
             heartbeat_timeout_ms: *heartbeat_timeout_ms,
             lease: lease.as_deref().map(absolute),
+            arbiter: arbiter.clone(),
+            lease_ttl_s: *lease_ttl_s,
             compare_timeout_ms: *compare_timeout_ms,
             max_queue: *max_queue,
             queue_full: *colo_queue_full,
@@ -386,16 +402,22 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
         Ok(vm) => vm,
         Err(e) => return fail(e),
     };
-    let then = secondary.then(|| {
-        let lease = args
-            .colo_lease
-            .clone()
-            .map(|p| absolute(&p))
-            .unwrap_or_else(|| vmm::colo::default_lease(&from));
-        let side = vmm::colo::secondary::side(&from, lease);
+    let then = if secondary {
+        let arbiter = match vmm::colo::arbiter::ArbiterSpec::from_options(
+            args.colo_arbiter.as_deref(),
+            args.colo_lease.as_deref().map(absolute),
+            args.colo_lease_ttl_s,
+            &from,
+        ) {
+            Ok(a) => a,
+            Err(e) => return fail(e),
+        };
+        let side = vmm::colo::secondary::side(&from, &arbiter);
         vm.handle().set_colo(side.clone());
-        vmm::colo::secondary::then(side)
-    });
+        Some(vmm::colo::secondary::then(side, arbiter))
+    } else {
+        None
+    };
     if let Err(e) = vmm::migrate::dest::spawn_then(vm.handle(), listener, from, then) {
         return fail(format!("cannot start the incoming thread: {e}"));
     }
@@ -475,6 +497,7 @@ fn finish(result: Result<VmExit, vmm::vm_loop::VmError>) -> ExitCode {
                 }
                 VmExit::IncomingFailed(msg) => eprintln!("tandem: error: {msg}"),
                 VmExit::Retired(msg) => eprintln!("tandem: COLO: this secondary retires: {msg}"),
+                VmExit::Fenced(msg) => eprintln!("tandem: COLO: fenced: {msg}"),
                 other => log::info!("guest ended: {other:?}"),
             }
             ExitCode::from(why.status() as u8)

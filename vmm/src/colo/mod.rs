@@ -20,8 +20,10 @@
 //! The pure parts (failover state machine, checkpoint scheduling, the
 //! lease) are the `replication` crate's; this module carries out their
 //! decisions on a VM. Who may serve is the lease's decision
-//! ([`replication::arbiter::LockFileLease`] on one host), never a guess.
+//! ([`replication::arbiter::LockFileLease`] on one host, an etcd lease
+//! across hosts; [`arbiter`]), never a guess.
 
+pub mod arbiter;
 pub mod dirty;
 pub mod disks;
 pub mod forward;
@@ -85,8 +87,8 @@ pub struct Params {
     pub checkpoint_period_ms: u64,
     pub heartbeat_ms: u32,
     pub heartbeat_timeout_ms: u32,
-    /// The lease file both sides share (default: [`default_lease`]).
-    pub lease: PathBuf,
+    /// The arbiter (default: the lock file [`default_lease`]).
+    pub arbiter: arbiter::ArbiterSpec,
     /// A primary frame waits this long for its match, then a checkpoint.
     pub compare_timeout_ms: u64,
     /// Frames each side of the compare holds, at most.
@@ -128,7 +130,10 @@ pub struct Report {
     pub role: Role,
     pub state: State,
     pub peer: String,
-    pub lease: PathBuf,
+    /// The arbiter, as given.
+    pub arbiter: String,
+    /// The arbiter now: kind, holder, TTL left (after the pair started).
+    pub lease: Option<replication::arbiter::ArbiterInfo>,
     /// The last committed checkpoint.
     pub epoch: u64,
     pub last_heartbeat_age_ms: Option<u64>,
@@ -164,12 +169,13 @@ pub struct Report {
 
 impl Report {
     /// A side's report before its pair started.
-    fn new(role: Role, peer: String, lease: PathBuf) -> Report {
+    fn new(role: Role, peer: String, arbiter: String) -> Report {
         Report {
             role,
             state: State::Syncing,
             peer,
-            lease,
+            arbiter,
+            lease: None,
             epoch: 0,
             last_heartbeat_age_ms: None,
             reason: None,
@@ -223,6 +229,11 @@ impl Side {
 
     fn update(&self, f: impl FnOnce(&mut Report)) {
         f(&mut devices::bus::lock(&self.report));
+    }
+
+    /// When the peer was last heard from.
+    fn heard_at(&self) -> Option<Instant> {
+        *devices::bus::lock(&self.heartbeat_at)
     }
 
     fn heard(&self, at: Instant) {

@@ -29,14 +29,16 @@ use std::time::{Duration, Instant};
 
 use migration::protocol::colo::{check_spans, Timing};
 use migration::protocol::{self, Command, Message};
-use replication::arbiter::{Arbiter, LockFileLease};
+use replication::arbiter::Arbiter;
 use replication::failover::{Action, Failover, Role, State};
 use replication::schedule::{self, Reason, Scheduler};
 
+use super::arbiter::Fence;
 use super::forward::Forwarder;
 use super::proxy::{Cmd, Proxy};
 use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Report, Side};
 use crate::boot::layout;
+use crate::exit::VmExit;
 use crate::migrate::endpoint::Conn;
 use crate::migrate::inline::Slicer;
 use crate::migrate::pages::{self, Sent, Stop};
@@ -56,6 +58,8 @@ const SUMS_WAIT: Duration = Duration::from_secs(120);
 const TURN: Duration = Duration::from_millis(10);
 /// Disk writes forwarded at one turn, at most (the rest at the next).
 const TURN_DISK_BYTES: u64 = 4 << 20;
+/// How often a fenced side asks the arbiter who holds the lease.
+const ASK_EVERY: Duration = Duration::from_millis(500);
 
 /// The primary's side of a pair: its thread and its report.
 pub struct Primary {
@@ -70,7 +74,11 @@ impl Primary {
             heartbeat_ms: params.heartbeat_ms,
             heartbeat_timeout_ms: params.heartbeat_timeout_ms,
             checkpoint_period_ms: Some(params.checkpoint_period_ms),
-            ..Report::new(Role::Primary, params.to.to_string(), params.lease.clone())
+            ..Report::new(
+                Role::Primary,
+                params.to.to_string(),
+                params.arbiter.to_string(),
+            )
         }));
         let s = side.clone();
         let thread = std::thread::Builder::new()
@@ -106,12 +114,12 @@ impl Drop for Primary {
 fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
     let side = &*side_arc;
     let id = format!("primary pid {}", std::process::id());
-    let mut lease = match LockFileLease::open(&params.lease, &id) {
+    let mut lease = match params.arbiter.open(&id) {
         Ok(l) => l,
         Err(e) => return not_started(side, e.into()),
     };
     let config = failover_config(params.heartbeat_ms, params.heartbeat_timeout_ms);
-    let fo = match Failover::primary(config, Instant::now(), &mut lease) {
+    let fo = match Failover::primary(config, Instant::now(), &mut *lease) {
         Ok(f) => f,
         Err(e) => return not_started(side, e.into()),
     };
@@ -124,8 +132,9 @@ fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
             return not_started(side, e);
         }
     };
+    let fence = Fence::new(lease.gate());
     let synced = sync(vm, params, side).and_then(|c| {
-        let proxy = start_proxy(vm, params, side_arc.clone());
+        let proxy = start_proxy(vm, params, side_arc.clone(), fence.clone());
         if proxy.is_err() {
             c.shutdown();
         }
@@ -151,7 +160,8 @@ fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
         vm,
         side,
         fo,
-        lease: &mut lease,
+        lease: &mut *lease,
+        fence,
         sched: Scheduler::new(
             schedule::Config {
                 period: Duration::from_millis(params.checkpoint_period_ms),
@@ -167,11 +177,9 @@ fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
     // The first checkpoint at once: the secondary is protected from it on.
     pair.sched.request(Reason::Demand, Instant::now());
     pair.serve(&mut conn);
-    // The pair is over; this VM may still serve (alone): the lease stays
-    // held until the VMM ends.
-    while !Side::take(&side.stop) {
-        std::thread::sleep(TURN * 10);
-    }
+    // The pair is over; this VM may still serve (alone) while it holds the
+    // lease, which it renews until the VMM ends, or fences.
+    pair.after(&mut conn);
 }
 
 /// The initial sync; then the pair's timing and the disks' sums go to
@@ -222,7 +230,9 @@ struct Pair<'a> {
     vm: &'a VmHandle,
     side: &'a Side,
     fo: Failover,
-    lease: &'a mut LockFileLease,
+    lease: &'a mut dyn Arbiter,
+    /// What the proxy's output passes.
+    fence: Fence,
     sched: Scheduler,
     layout: Vec<(u64, u64)>,
     timeout: Duration,
@@ -285,7 +295,8 @@ impl Pair<'_> {
         for a in actions {
             match a {
                 Action::SendHeartbeat => match heartbeat(conn) {
-                    Ok(()) => {
+                    Ok(sent) => {
+                        self.fence.peer_answered(sent, self.timeout);
                         let now = Instant::now();
                         self.fo.heartbeat_received(now);
                         self.side.heard(now);
@@ -297,6 +308,7 @@ impl Pair<'_> {
                     }
                 },
                 Action::StopReplication => {
+                    self.fence.peer_gone();
                     conn.shutdown();
                     self.forward = None;
                     if let Err(e) = self.vm.ram().stop_dirty_log() {
@@ -313,6 +325,7 @@ impl Pair<'_> {
                     )
                 }
                 Action::Fence => {
+                    self.fence.shut();
                     let why = self.fo.status(Instant::now()).reason.unwrap_or_default();
                     eprintln!("tandem: COLO: fenced, the guest is paused: {why}");
                     if let Err(e) = self.vm.pause() {
@@ -345,8 +358,10 @@ impl Pair<'_> {
             layout: &self.layout,
             timeout: self.timeout,
         };
+        let sent = Instant::now();
         match checkpoint(self.vm, to, epoch, &on_commit) {
             Ok(done) => {
+                self.fence.peer_answered(sent, self.timeout);
                 forward.committed();
                 let _ = self.sched.finished(Instant::now(), done.pause, done.bytes);
                 self.side.update(|r| {
@@ -379,10 +394,38 @@ impl Pair<'_> {
         }
     }
 
+    /// After the pair: this VM serves alone while it holds the lease (the
+    /// arbiter renews it), and fences when it cannot; a fenced VM ends as
+    /// soon as the arbiter answers again (it lost: it never serves).
+    fn after(&mut self, conn: &mut Conn) {
+        let mut asked = Instant::now();
+        while !Side::take(&self.side.stop) {
+            if self.fo.state() == State::Fenced {
+                if asked.elapsed() >= ASK_EVERY {
+                    asked = Instant::now();
+                    if let Some(why) = super::arbiter::lost(self.lease) {
+                        self.report();
+                        self.vm.exit().signal(VmExit::Fenced(why));
+                        return;
+                    }
+                }
+            } else {
+                let actions = self.fo.tick(Instant::now(), self.lease);
+                if !actions.is_empty() {
+                    self.act(conn, actions);
+                }
+            }
+            self.report();
+            std::thread::sleep(TURN * 5);
+        }
+    }
+
     fn report(&self) {
         let s = self.fo.status(Instant::now());
         let stats = self.sched.stats();
+        let lease = self.lease.describe();
         self.side.update(|r| {
+            r.lease = Some(lease);
             r.state = s.state;
             r.epoch = s.epoch;
             r.reason = s.reason;
@@ -395,7 +438,12 @@ impl Pair<'_> {
 /// The network link to the secondary and the proxy on it: each NIC moves
 /// from its tap to a datagram backend whose other end the proxy holds,
 /// with the tap (put back if a later NIC cannot move).
-fn start_proxy(vm: &VmHandle, params: &Params, side: Arc<Side>) -> Result<Proxy, ColoError> {
+fn start_proxy(
+    vm: &VmHandle,
+    params: &Params,
+    side: Arc<Side>,
+    fence: Fence,
+) -> Result<Proxy, ColoError> {
     let mut link = params
         .to
         .connect(PROXY_WAIT)
@@ -433,15 +481,16 @@ fn start_proxy(vm: &VmHandle, params: &Params, side: Arc<Side>) -> Result<Proxy,
         }
     }
     let nics = nics.into_iter().map(|(t, o, _)| (t, o)).collect();
-    Proxy::primary(nics, link, compare, side).map_err(ColoError::Stream)
+    Proxy::primary(nics, link, compare, side, fence).map_err(ColoError::Stream)
 }
 
 /// Asks the secondary for a heartbeat and waits for it (the stream's read
-/// timeout is the heartbeat timeout).
-fn heartbeat(conn: &mut Conn) -> Result<(), ColoError> {
+/// timeout is the heartbeat timeout); returns when it was sent.
+fn heartbeat(conn: &mut Conn) -> Result<Instant, ColoError> {
+    let sent = Instant::now();
     protocol::write_message(conn, &Message::Heartbeat)?;
     protocol::expect(conn, Command::Heartbeat)?;
-    Ok(())
+    Ok(sent)
 }
 
 /// What one checkpoint took.

@@ -27,7 +27,8 @@
 //! Never blocks on the network: the link is non-blocking with a bounded
 //! outbox ([`link::MAX_PENDING`]); a frame that does not fit anywhere is
 //! dropped and counted. Never releases a primary frame the compare holds,
-//! except at a checkpoint or once alone.
+//! except at a checkpoint or once alone; never writes a frame to a tap
+//! while its side's [`Fence`] is closed (dropped and counted as fenced).
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -45,6 +46,7 @@ use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::arbiter::Fence;
 use super::link::{self, Decoder};
 use super::Side;
 use crate::migrate::endpoint::Conn;
@@ -70,6 +72,8 @@ pub struct ProxyCounters {
     pub from_peer: u64,
     pub stale: u64,
     pub dropped: u64,
+    /// Frames for a tap dropped because this side may not serve.
+    pub fenced: u64,
 }
 
 const FRAME: usize = link::MAX_LINK;
@@ -97,6 +101,7 @@ impl Proxy {
         link: Conn,
         compare: Compare,
         side: Arc<Side>,
+        fence: Fence,
     ) -> std::io::Result<Proxy> {
         let (taps, guests) = nics.into_iter().unzip();
         let core = Core::new(guests, link)?;
@@ -108,12 +113,17 @@ impl Proxy {
             hdrs: HashMap::new(),
             alone: false,
             side,
+            fence,
         };
         Self::spawn(move |evt, rx| p.run(evt, rx), offsets)
     }
 
     /// The secondary's: the other ends of its NICs' datagram backends.
-    pub fn secondary(guests: Vec<UnixDatagram>, link: Conn) -> std::io::Result<Proxy> {
+    pub fn secondary(
+        guests: Vec<UnixDatagram>,
+        link: Conn,
+        fence: Fence,
+    ) -> std::io::Result<Proxy> {
         let core = Core::new(guests, link)?;
         let offsets = Arc::new(AtomicUsize::new(0));
         let s = Secondary {
@@ -121,6 +131,7 @@ impl Proxy {
             offsets: Offsets::new(survivor::DEFAULT_CAP),
             count: offsets.clone(),
             taps: Vec::new(),
+            fence,
         };
         Self::spawn(move |evt, rx| s.run(evt, rx), offsets)
     }
@@ -308,6 +319,7 @@ struct Primary {
     hdrs: HashMap<u64, (usize, Vec<u8>)>,
     alone: bool,
     side: Arc<Side>,
+    fence: Fence,
 }
 
 impl Primary {
@@ -430,7 +442,12 @@ impl Primary {
     }
 
     fn out_to_tap(&mut self, i: usize, frame: &[u8]) {
-        out_to_tap(&mut *self.taps[i], frame, &mut self.core.counters);
+        out_to_tap(
+            &mut *self.taps[i],
+            frame,
+            &self.fence,
+            &mut self.core.counters,
+        );
     }
 }
 
@@ -443,8 +460,12 @@ fn csum_of(frame: &[u8]) -> Csum {
     }
 }
 
-/// Writes `frame` to `tap`, waiting a little for room.
-fn out_to_tap(tap: &mut dyn NetBackend, frame: &[u8], counters: &mut ProxyCounters) {
+/// Writes `frame` to `tap`, waiting a little for room, if `fence` lets it.
+fn out_to_tap(tap: &mut dyn NetBackend, frame: &[u8], fence: &Fence, counters: &mut ProxyCounters) {
+    if !fence.open() {
+        counters.fenced += 1;
+        return;
+    }
     let end = Instant::now() + TAP_WAIT;
     loop {
         match tap.write_frame(frame) {
@@ -471,6 +492,7 @@ struct Secondary {
     count: Arc<AtomicUsize>,
     /// Its taps, once it serves.
     taps: Vec<Box<dyn NetBackend>>,
+    fence: Fence,
 }
 
 impl Secondary {
@@ -564,7 +586,7 @@ impl Secondary {
                 if let Some(body) = frame.get_mut(VNET_HDR_LEN..) {
                     let _ = self.offsets.guest_to_client(body, csum);
                 }
-                out_to_tap(&mut **tap, &frame, &mut core.counters);
+                out_to_tap(&mut **tap, &frame, &self.fence, &mut core.counters);
             }
         }
     }

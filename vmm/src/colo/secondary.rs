@@ -20,16 +20,15 @@
 //! checkpoint (it retires then: the VMM ends with status 1); apply part of
 //! a checkpoint.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-
-use migration::protocol::colo::DiskWrite;
 use std::time::{Duration, Instant};
 
+use migration::protocol::colo::DiskWrite;
 use migration::protocol::{self, Command, Message, ProtocolError};
-use replication::arbiter::LockFileLease;
+use replication::arbiter::Arbiter;
 use replication::failover::{Action, Failover, Role, State};
 
+use super::arbiter::{ArbiterSpec, Fence};
 use super::proxy::{Cmd, Proxy};
 use super::replica::{self, Replica};
 use super::{dirty, failover_config, incoming, ColoError, Report, Side};
@@ -47,21 +46,23 @@ const PROXY_WAIT: Duration = Duration::from_secs(5);
 const ATTACH_WAIT: Duration = Duration::from_secs(5);
 /// The turn while waiting for the lease, and while serving.
 const TURN: Duration = Duration::from_millis(50);
+/// How often a fenced side asks the arbiter who holds the lease.
+const ASK_EVERY: Duration = Duration::from_millis(500);
 
 /// The secondary's side before the primary connects (what `colo_status`
 /// shows while it waits).
-pub fn side(from: &Endpoint, lease: PathBuf) -> Arc<Side> {
+pub fn side(from: &Endpoint, arbiter: &ArbiterSpec) -> Arc<Side> {
     Arc::new(Side::new(Report::new(
         Role::Secondary,
         from.to_string(),
-        lease,
+        arbiter.to_string(),
     )))
 }
 
 /// What the incoming thread runs once the initial sync is done.
-pub fn then(side: Arc<Side>) -> crate::migrate::dest::Then {
+pub fn then(side: Arc<Side>, arbiter: ArbiterSpec) -> crate::migrate::dest::Then {
     Box::new(move |vm: &VmHandle, conn: Conn, listener: &Listener| {
-        if let Err(e) = serve(vm, conn, listener, &side) {
+        if let Err(e) = serve(vm, conn, listener, &side, &arbiter) {
             let why = format!("the pair did not start: {e}");
             side.update(|r| {
                 r.state = State::Retired;
@@ -79,7 +80,13 @@ enum Ended {
     Stopped,
 }
 
-fn serve(vm: &VmHandle, mut conn: Conn, listener: &Listener, side: &Side) -> Result<(), ColoError> {
+fn serve(
+    vm: &VmHandle,
+    mut conn: Conn,
+    listener: &Listener,
+    side: &Side,
+    arbiter: &ArbiterSpec,
+) -> Result<(), ColoError> {
     let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
         return Err(ColoError::Refused("no Protect".into()));
     };
@@ -92,16 +99,16 @@ fn serve(vm: &VmHandle, mut conn: Conn, listener: &Listener, side: &Side) -> Res
         return Err(ColoError::Refused(why));
     }
     protocol::write_message(&mut conn, &Message::Accept)?;
-    let proxy = start_proxy(vm, listener)?;
+    let id = format!("secondary pid {}", std::process::id());
+    let mut lease = arbiter.open(&id)?;
+    let fence = Fence::new(lease.gate());
+    let proxy = start_proxy(vm, listener, fence.clone())?;
     let timeout = Duration::from_millis(u64::from(t.timeout_ms));
     conn.set_timeouts(timeout).map_err(ColoError::Stream)?;
     side.update(|r| {
         r.heartbeat_ms = t.heartbeat_ms;
         r.heartbeat_timeout_ms = t.timeout_ms;
     });
-    let lease_path = side.report().lease;
-    let id = format!("secondary pid {}", std::process::id());
-    let mut lease = LockFileLease::open(&lease_path, &id)?;
     let ram = vm.ram();
     ram.start_dirty_log()?;
     // What the initial sync wrote is not the guest's own.
@@ -121,12 +128,19 @@ fn serve(vm: &VmHandle, mut conn: Conn, listener: &Listener, side: &Side) -> Res
         proxy: Some(proxy),
         replicas: replica::of(vm),
     };
-    let actions = match rx.replicate(&mut conn, &mut fo, &mut lease) {
+    let actions = match rx.replicate(&mut conn, &mut fo, &mut *lease) {
         Ended::Stopped => return Ok(()),
-        Ended::Forced(actions) => actions,
+        Ended::Forced(actions) => {
+            // The primary heard from this side until then: it may release
+            // output for up to its heartbeat timeout after (its peer gate).
+            if let Some(at) = side.heard_at() {
+                std::thread::sleep((at + timeout).saturating_duration_since(Instant::now()));
+            }
+            actions
+        }
         Ended::Lost(why) => {
             log::warn!("COLO: the primary is lost: {why}");
-            fo.connection_lost(&mut lease)
+            fo.connection_lost(&mut *lease)
         }
     };
     conn.shutdown();
@@ -135,64 +149,90 @@ fn serve(vm: &VmHandle, mut conn: Conn, listener: &Listener, side: &Side) -> Res
     }
     // The proxy stays for a takeover (its offsets).
     let mut proxy = rx.proxy.take();
-    after_pair(vm, side, &mut fo, &mut lease, &mut proxy, actions);
+    let mut end = After {
+        vm,
+        side,
+        fence,
+        asked: Instant::now(),
+    };
+    end.run(&mut fo, &mut *lease, &mut proxy, actions);
     Ok(())
 }
 
-/// Carries out the state machine's decisions once the pair is over, and
-/// holds the lease (and the proxy, if it serves through it) while this VM
-/// serves.
-fn after_pair(
-    vm: &VmHandle,
-    side: &Side,
-    fo: &mut Failover,
-    lease: &mut LockFileLease,
-    proxy: &mut Option<Proxy>,
-    mut actions: Vec<Action>,
-) {
-    loop {
-        for a in std::mem::take(&mut actions) {
-            match a {
-                Action::TakeOver => match take_over(vm, proxy) {
-                    Ok(()) => {
-                        let _ = fo.takeover_complete();
-                        eprintln!(
-                            "tandem: COLO: the primary is lost; this VM serves now, from \
-                             checkpoint {} ({})",
-                            fo.epoch(),
-                            fo.status(Instant::now()).reason.unwrap_or_default()
-                        );
-                        crate::migrate::dest::announce(vm);
+/// After the pair: carries out the state machine's decisions, and holds
+/// the lease (and the proxy, if it serves through it) while this VM
+/// serves; a fenced side ends as soon as the arbiter answers again.
+struct After<'a> {
+    vm: &'a VmHandle,
+    side: &'a Side,
+    fence: Fence,
+    /// When a fenced side last asked the arbiter.
+    asked: Instant,
+}
+
+impl After<'_> {
+    fn run(
+        &mut self,
+        fo: &mut Failover,
+        lease: &mut dyn Arbiter,
+        proxy: &mut Option<Proxy>,
+        mut actions: Vec<Action>,
+    ) {
+        let vm = self.vm;
+        loop {
+            for a in std::mem::take(&mut actions) {
+                match a {
+                    Action::TakeOver => match take_over(vm, proxy) {
+                        Ok(()) => {
+                            let _ = fo.takeover_complete();
+                            eprintln!(
+                                "tandem: COLO: failover: this VM serves now, from checkpoint \
+                                 {} ({})",
+                                fo.epoch(),
+                                fo.status(Instant::now()).reason.unwrap_or_default()
+                            );
+                            crate::migrate::dest::announce(vm);
+                        }
+                        Err(e) => actions.extend(fo.takeover_failed(&e, lease)),
+                    },
+                    Action::Retire(why) => {
+                        *proxy = None;
+                        report(vm, self.side, fo, lease);
+                        vm.exit().signal(VmExit::Retired(why));
+                        return;
                     }
-                    Err(e) => actions.extend(fo.takeover_failed(&e, lease)),
-                },
-                Action::Retire(why) => {
+                    Action::Fence => {
+                        self.fence.shut();
+                        let why = fo.status(Instant::now()).reason.unwrap_or_default();
+                        eprintln!("tandem: COLO: fenced, the guest is paused: {why}");
+                        if let Err(e) = vm.pause() {
+                            log::error!("COLO: cannot pause the fenced guest: {e}");
+                        }
+                    }
+                    Action::SendHeartbeat | Action::StopReplication | Action::GoAlone => {}
+                }
+            }
+            report(vm, self.side, fo, lease);
+            if Side::take(&self.side.stop) {
+                return;
+            }
+            if fo.state() == State::Fenced && self.asked.elapsed() >= ASK_EVERY {
+                self.asked = Instant::now();
+                if let Some(why) = super::arbiter::lost(lease) {
                     *proxy = None;
-                    report(vm, side, fo);
-                    vm.exit().signal(VmExit::Retired(why));
+                    vm.exit().signal(VmExit::Fenced(why));
                     return;
                 }
-                Action::Fence => {
-                    let why = fo.status(Instant::now()).reason.unwrap_or_default();
-                    eprintln!("tandem: COLO: fenced, the guest is paused: {why}");
-                    if let Err(e) = vm.pause() {
-                        log::error!("COLO: cannot pause the fenced guest: {e}");
-                    }
-                }
-                Action::SendHeartbeat | Action::StopReplication | Action::GoAlone => {}
             }
+            std::thread::sleep(TURN);
+            actions = fo.tick(Instant::now(), lease);
         }
-        report(vm, side, fo);
-        if Side::take(&side.stop) {
-            return;
-        }
-        std::thread::sleep(TURN);
-        actions = fo.tick(Instant::now(), lease);
     }
 }
 
-fn report(vm: &VmHandle, side: &Side, fo: &Failover) {
+fn report(vm: &VmHandle, side: &Side, fo: &Failover, lease: &dyn Arbiter) {
     let s = fo.status(Instant::now());
+    let info = lease.describe();
     let disks = replica::of(vm)
         .iter()
         .flatten()
@@ -203,13 +243,14 @@ fn report(vm: &VmHandle, side: &Side, fo: &Failover) {
         r.epoch = s.epoch;
         r.reason = s.reason;
         r.disks = disks;
+        r.lease = Some(info);
     });
 }
 
 /// The network link from the primary (its second connection) and the
 /// proxy on it: each NIC moves from its detached backend to a datagram
 /// backend whose other end the proxy holds.
-fn start_proxy(vm: &VmHandle, listener: &Listener) -> Result<Proxy, ColoError> {
+fn start_proxy(vm: &VmHandle, listener: &Listener, fence: Fence) -> Result<Proxy, ColoError> {
     let mut link = listener
         .accept_within(PROXY_WAIT)
         .map_err(|e| ColoError::Refused(format!("no network link from the primary: {e}")))?;
@@ -225,7 +266,7 @@ fn start_proxy(vm: &VmHandle, listener: &Listener) -> Result<Proxy, ColoError> {
             guests.push(other);
         }
     }
-    Proxy::secondary(guests, link).map_err(ColoError::Stream)
+    Proxy::secondary(guests, link, fence).map_err(ColoError::Stream)
 }
 
 /// The takeover: every disk's overlay in its image (the uncommitted
@@ -304,12 +345,7 @@ struct Receiver<'a> {
 impl Receiver<'_> {
     /// Heartbeats and checkpoints until the primary is lost, a failover is
     /// forced (and the lease allows it), or the VMM ends.
-    fn replicate(
-        &mut self,
-        conn: &mut Conn,
-        fo: &mut Failover,
-        lease: &mut LockFileLease,
-    ) -> Ended {
+    fn replicate(&mut self, conn: &mut Conn, fo: &mut Failover, lease: &mut dyn Arbiter) -> Ended {
         loop {
             if Side::take(&self.side.stop) {
                 return Ended::Stopped;
@@ -342,7 +378,7 @@ impl Receiver<'_> {
             if let Err(e) = done {
                 return Ended::Lost(e.to_string());
             }
-            report(self.vm, self.side, fo);
+            report(self.vm, self.side, fo, lease);
         }
     }
 

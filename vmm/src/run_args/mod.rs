@@ -201,9 +201,28 @@ pub struct RunArgs {
     /// holds an exclusive lock on it). Default: /tmp/tandem-colo-ADDR.lock
     /// after --colo-listen, what colo-start uses by default for the same
     /// address.
-    #[arg(long, value_name = "PATH", requires = "colo")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "colo",
+        conflicts_with = "colo_arbiter"
+    )]
     #[serde(default)]
     pub colo_lease: Option<PathBuf>,
+    /// The arbiter of a pair on two hosts instead of the lease file:
+    /// etcd:http://ADDR:PORT[,http://ADDR:PORT...]/KEY, the endpoints this
+    /// host reaches etcd by and the key the primary names too. This side
+    /// takes over only once it holds the lease on KEY (after the primary's
+    /// has expired), keeps it alive, and fences itself (output stopped,
+    /// guest paused) when it cannot renew it in time.
+    #[arg(long, value_name = "SPEC", requires = "colo")]
+    #[serde(default)]
+    pub colo_arbiter: Option<String>,
+    /// The etcd lease's TTL when this side takes it, whole seconds (2 at
+    /// least; default 3).
+    #[arg(long, value_name = "S", requires = "colo_arbiter")]
+    #[serde(default)]
+    pub colo_lease_ttl_s: Option<u32>,
     /// Profile the guest from start to end into FILE: each vCPU's
     /// instruction pointer is sampled --guest-profile-hz times a second
     /// (the vCPU is kicked out of KVM_RUN and its registers read), with the
@@ -304,6 +323,8 @@ impl RunArgs {
             colo: self.colo.or(file.colo),
             colo_listen: self.colo_listen.or(file.colo_listen),
             colo_lease: self.colo_lease.or(file.colo_lease),
+            colo_arbiter: self.colo_arbiter.or(file.colo_arbiter),
+            colo_lease_ttl_s: self.colo_lease_ttl_s.or(file.colo_lease_ttl_s),
             guest_profile: self.guest_profile.or(file.guest_profile),
             guest_profile_hz: self.guest_profile_hz.or(file.guest_profile_hz),
             guest_symbols: self.guest_symbols.or(file.guest_symbols),
