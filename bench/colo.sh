@@ -11,6 +11,8 @@
 # Usage: flock /tmp/tandem-guest.lock bench/colo.sh [--runs N] [--seconds S]
 #            [--period-ms P] [--mem MIB] [--dirty-mib M] [--dirty-rate R]
 #            [--traffic-seconds T] [--traffic-ping-ms P] [--queue-policies drop,checkpoint]
-#            [--conns N] [--max-queue Q]
+#            [--conns N] [--max-queue Q] [--hosts-runs N] [--lease-ttl-s S]
+# --hosts-runs: pairs on two simulated hosts (namespaces, an etcd lease),
+# host A cut off: takeover and first client reply after the cut.
 source "$(dirname "$0")/common.sh"
 exec python3 bench/colo_measure.py "${guest_args[@]}" "$@"

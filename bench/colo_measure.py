@@ -27,6 +27,10 @@ is protected (after the pause window). The queue runs
 that --colo-queue-full policy, --conns connections each way, and the
 compare's counters (dropped at a full queue, checkpoints by reason).
 
+--hosts-runs N (default: --runs) adds pairs on two simulated hosts with an
+etcd lease (TTL --lease-ttl-s) as arbiter, host A cut off: the takeover and
+the first client reply after the cut (colo_hosts.py).
+
 --qemu-colo adds one QEMU 7.2 COLO pair on the same guest (TCG; see
 colo_qemu.py): its figures where it gives them, and where it stops.
 
@@ -43,6 +47,7 @@ import sys
 import tempfile
 import time
 
+import colo_hosts
 import colo_qemu
 import colo_traffic as traffic
 import snapshot_measure as sm
@@ -228,7 +233,7 @@ FIGURES = [("checkpoints", "{:.0f}"), ("per_min", "{:.1f}"), ("pause_mean_ms", "
            ("alone_ping_loss_pct", "{:.1f}"), ("pair_ping_loss_pct", "{:.1f}")]
 
 
-def report(args, runs, failures, queues, qemu):
+def report(args, runs, failures, queues, qemu, hosts):
     print(f"COLO benchmark: {args.mem} MiB guest, 1 vCPU, tandem-dirty {args.dirty_mib} MiB at "
           f"{args.dirty_rate} MiB/s, checkpoint every {args.period_ms} ms, heartbeat "
           f"{args.heartbeat_ms}/{args.timeout_ms} ms, {args.seconds:.0f} s per run, "
@@ -258,6 +263,10 @@ def report(args, runs, failures, queues, qemu):
     for q in queues:
         print(f"  queue {q.get('policy')}: max-queue {args.max_queue}, {args.conns} connections "
               f"each way: " + ", ".join(f"{k} {v}" for k, v in q.items() if k != "policy"))
+    lines, host_figs = colo_hosts.report(args, *hosts) if args.hosts_runs else (
+        ["two hosts: not run (--hosts-runs 0)"], {})
+    for line in lines:
+        print(f"  {line}")
     if qemu is None:
         print("  QEMU 7.2 COLO: not run (--qemu-colo)")
     else:
@@ -265,7 +274,8 @@ def report(args, runs, failures, queues, qemu):
               + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                           for k, v in qemu.items()))
     print(json.dumps({"bench": "colo", "mem_mib": args.mem, "period_ms": args.period_ms,
-                      "runs": runs, "queues": queues, "qemu": qemu, "failures": failures}))
+                      "runs": runs, "queues": queues, "qemu": qemu, "failures": failures,
+                      "two_hosts": host_figs}))
 
 
 def parse_args():
@@ -288,6 +298,9 @@ def parse_args():
     ap.add_argument("--conns", type=int, default=16, help="connections in the queue runs")
     ap.add_argument("--max-queue", type=int, default=8, help="compare queue in the queue runs")
     ap.add_argument("--qemu-colo", action="store_true", help="also one QEMU COLO pair")
+    ap.add_argument("--hosts-runs", type=int, default=None,
+                    help="two-host pairs (etcd lease) cut off, default --runs; 0: none")
+    ap.add_argument("--lease-ttl-s", type=int, default=3, help="the two-host lease's TTL")
     ap.add_argument("--qemu", default="qemu-system-x86_64")
     ap.add_argument("--tmpdir", default=None)
     ap.add_argument("--boot-timeout", type=float, default=1200)
@@ -296,6 +309,8 @@ def parse_args():
         ap.add_argument(a, required=True)
     args = ap.parse_args()
     args.cmdline += f" tandem.ip={GUEST}/{PREFIX}"
+    if args.hosts_runs is None:
+        args.hosts_runs = args.runs
     return args
 
 
@@ -309,6 +324,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="tandem-colobench-", dir=args.tmpdir)
     ns = None
     runs, failures, queues, qemu = [], [], [], None
+    host_runs, host_failures = [], []
     try:
         ns = Bridge(f"tandem-colobench-{os.getpid()}")
         ns.enter()
@@ -332,6 +348,15 @@ def main():
                 why = f"queue {policy}: {type(e).__name__}: {e}"
                 failures.append(why)
                 log(why)
+        for n in range(args.hosts_runs):
+            try:
+                r = colo_hosts.one(args, snap, tmp, n, ns.name)
+                host_runs.append(r)
+                log(f"two hosts {n + 1}/{args.hosts_runs}: {r}")
+            except Exception as e:  # report, do not hide
+                why = f"run {n + 1}: {type(e).__name__}: {e}"
+                host_failures.append(why)
+                log(f"two hosts: {why}")
         if args.qemu_colo:
             qemu = colo_qemu.run(args, tmp)
             log(f"QEMU COLO: {qemu}")
@@ -341,7 +366,7 @@ def main():
         if ns:
             ns.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    report(args, runs, failures, queues, qemu)
+    report(args, runs, failures, queues, qemu, (host_runs, host_failures))
 
 
 if __name__ == "__main__":

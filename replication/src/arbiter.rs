@@ -225,8 +225,19 @@ pub struct ArbiterInfo {
     /// The identity the holder recorded. Empty when nobody recorded one;
     /// after a holder died it stays until the next holder overwrites it.
     pub holder: Option<String>,
-    /// Time left before the lease expires, for a lease with a TTL.
+    /// For a lease with a TTL: time left before this side stops serving
+    /// unless it renews (its gate; a third of the TTL before the lease
+    /// can expire at the store).
+    #[serde(rename = "ttl_left_ms", serialize_with = "as_ms")]
     pub ttl_left: Option<Duration>,
+}
+
+/// A duration as whole milliseconds (JSON reads it at a glance).
+fn as_ms<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        None => s.serialize_none(),
+    }
 }
 
 /// A lease deciding which side may serve. See the module doc for the rule.
