@@ -160,6 +160,18 @@ impl Pair {
 /// `tandem run --colo secondary` in `ns` on tap2/tap3 and `image` (removed
 /// with it), listening on `addr`; returns once it listens.
 fn secondary(ns: &NetNs, addr: &str, lease: &Path, api: &Path, image: PathBuf) -> TestVm {
+    secondary_on(ns, ["tap2", "tap3"], addr, lease, api, image)
+}
+
+/// [`secondary`] on `taps`.
+fn secondary_on(
+    ns: &NetNs,
+    taps: [&str; 2],
+    addr: &str,
+    lease: &Path,
+    api: &Path,
+    image: PathBuf,
+) -> TestVm {
     let mut args: Vec<String> = vec![
         "--colo".into(),
         "secondary".into(),
@@ -172,7 +184,7 @@ fn secondary(ns: &NetNs, addr: &str, lease: &Path, api: &Path, image: PathBuf) -
         "--api-sock".into(),
         api.display().to_string(),
     ];
-    args.extend(device_args(["tap2", "tap3"], &image));
+    args.extend(device_args(taps, &image));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
     vm.remove_on_drop(image);
@@ -391,6 +403,53 @@ fn the_primary_goes_on_alone_when_the_secondary_dies() {
     assert_eq!(code, 0, "resume: {a}");
     stream.check(&mut pair.primary);
     phase("b: the primary goes on alone; the stream arrived whole");
+}
+
+#[test]
+fn the_survivor_is_protected_again_and_survives_a_second_failover() {
+    let mut pair = Pair::new("colo-e");
+    let stream = Stream::start(&mut pair.primary, &pair.ns, 5001, 51, THROUGH);
+    pair.start(1);
+    phase("e: protected, a client stream running");
+    pair.primary.kill();
+    wait_until("the secondary serves", CMD, || {
+        status(&pair.secondary_api)["state"] == "failed_over"
+    });
+    phase("e: the primary killed; the secondary serves");
+    // A new secondary on a copy of the survivor's image as it is now, its
+    // NIC on the same bridge.
+    pair.ns.add_bare_tap("tap4");
+    pair.ns
+        .must("ip", &["link", "set", "tap4", "master", "br0"]);
+    let image = scratch("colo-e-disk");
+    std::fs::copy(&pair.secondary_disk, &image).expect("copy the survivor's image");
+    let sock = scratch("colo-e2.sock");
+    let addr = format!("unix:{}", sock.display());
+    let api = scratch("colo-e2.api");
+    let mut third = secondary_on(&pair.ns, ["tap4", "tap5"], &addr, &pair.lease, &api, image);
+    third.remove_on_drop(sock);
+    let (code, a) = ctl(
+        &pair.secondary_api,
+        &["colo-reprotect", &addr, "--checkpoint-period-ms", PERIOD_MS],
+    );
+    assert_eq!(code, 0, "colo-reprotect: {a}");
+    let s = wait_checkpoints(&pair.secondary_api, 2);
+    assert_eq!(s["role"], "primary", "{s}");
+    assert_eq!(s["sync"]["phase"], "completed", "{s}");
+    assert_eq!(status(&api)["state"], "protected");
+    phase("e: the survivor re-protected by a third VM");
+    // Refused on a side that does not serve alone.
+    let (code, _) = ctl(&pair.secondary_api, &["colo-reprotect", &addr]);
+    assert_ne!(code, 0, "a protected side is not re-protected");
+    assert!(stream.running(), "the stream runs across both failovers");
+    pair.secondary.kill();
+    wait_until("the third VM serves", CMD, || {
+        status(&api)["state"] == "failed_over"
+    });
+    phase("e: the survivor killed; the third VM serves");
+    third.ok("true", CMD);
+    stream.check(&mut third);
+    phase("e: the stream arrived whole across both failovers");
 }
 
 /// When `ping -i 0.02`'s first reply came, from its sequence number (an

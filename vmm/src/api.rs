@@ -26,6 +26,8 @@
 //!  |"arbiter":"etcd:http://H:P/KEY","lease_ttl_s":3,
 //!  "compare_timeout_ms":3000,"max_queue":1024,"queue_full":"drop"|"checkpoint"}
 //!                                  -> {"ok":true,"colo":{report}} (started; fields optional)
+//! {"cmd":"colo_reprotect","to":"tcp:H:P"|"unix:PATH", and colo_start's timing fields}
+//!                                  -> {"ok":true,"colo":{report}} (asked; a survivor acts on it)
 //! {"cmd":"colo_status"}            -> {"ok":true,"colo":{"role":...,"state":...,...}}
 //! {"cmd":"colo_failover"}          -> {"ok":true,"colo":{...}} (asked; the side acts on it)
 //! {"cmd":"colo_checkpoint"}        -> {"ok":true,"colo":{...}} (asked, on the primary)
@@ -167,6 +169,25 @@ pub enum Request {
         arbiter: Option<String>,
         #[serde(default)]
         lease_ttl_s: Option<u32>,
+        #[serde(default = "field::default_compare_timeout")]
+        compare_timeout_ms: u64,
+        #[serde(default = "field::default_max_queue")]
+        max_queue: usize,
+        #[serde(default)]
+        queue_full: crate::colo::QueueFullPolicy,
+    },
+    /// Makes this VM, serving alone after its pair ended (primary_alone or
+    /// failed_over), the primary of a new pair with the secondary waiting
+    /// at `to`; it keeps its lease. Answers at once.
+    ColoReprotect {
+        #[serde(deserialize_with = "field::endpoint")]
+        to: String,
+        #[serde(default = "field::default_period")]
+        checkpoint_period_ms: u64,
+        #[serde(default = "field::default_heartbeat")]
+        heartbeat_ms: u32,
+        #[serde(default = "field::default_heartbeat_timeout")]
+        heartbeat_timeout_ms: u32,
         #[serde(default = "field::default_compare_timeout")]
         compare_timeout_ms: u64,
         #[serde(default = "field::default_max_queue")]
@@ -328,7 +349,15 @@ pub trait Control {
         Err(VmOpError::Unavailable("migration"))
     }
     /// Starts a COLO pair with this VM as its primary.
-    fn colo_start(&mut self, _params: crate::colo::Params) -> Result<Value, VmOpError> {
+    fn colo_start(
+        &mut self,
+        _params: crate::colo::Params,
+        _arbiter: crate::colo::arbiter::ArbiterSpec,
+    ) -> Result<Value, VmOpError> {
+        Err(VmOpError::Unavailable("COLO"))
+    }
+    /// Protects this VM, which serves alone, with a new secondary.
+    fn colo_reprotect(&mut self, _params: crate::colo::Params) -> Result<Value, VmOpError> {
         Err(VmOpError::Unavailable("COLO"))
     }
     /// This VM's side of its COLO pair; `failover` and `checkpoint` ask
@@ -433,17 +462,37 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                     Ok(a) => a,
                     Err(e) => return answer(Err(VmOpError::Colo(e))),
                 };
-                answer(ctl.colo_start(crate::colo::Params {
+                let params = crate::colo::Params {
                     to,
                     checkpoint_period_ms,
                     heartbeat_ms,
                     heartbeat_timeout_ms,
-                    arbiter,
                     compare_timeout_ms,
                     max_queue,
                     queue_full,
-                }))
+                };
+                answer(ctl.colo_start(params, arbiter))
             }
+            Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),
+        },
+        Request::ColoReprotect {
+            to,
+            checkpoint_period_ms,
+            heartbeat_ms,
+            heartbeat_timeout_ms,
+            compare_timeout_ms,
+            max_queue,
+            queue_full,
+        } => match to.parse::<crate::migrate::Endpoint>() {
+            Ok(to) => answer(ctl.colo_reprotect(crate::colo::Params {
+                to,
+                checkpoint_period_ms,
+                heartbeat_ms,
+                heartbeat_timeout_ms,
+                compare_timeout_ms,
+                max_queue,
+                queue_full,
+            })),
             Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),
         },
         Request::ColoStatus {} => answer(ctl.colo(ColoAsk::Status)),

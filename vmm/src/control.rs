@@ -192,7 +192,11 @@ impl Control for VmControl {
         self.migration_json()
     }
 
-    fn colo_start(&mut self, params: crate::colo::Params) -> Result<Value, VmOpError> {
+    fn colo_start(
+        &mut self,
+        params: crate::colo::Params,
+        arbiter: crate::colo::arbiter::ArbiterSpec,
+    ) -> Result<Value, VmOpError> {
         // Again only after a pair that did not start.
         if let Some(side) = self.vm.colo() {
             if side.report().state != replication::failover::State::Retired {
@@ -201,21 +205,33 @@ impl Control for VmControl {
         }
         self.primary = None;
         self.not_migrating()?;
-        crate::colo::check_timing(
-            params.checkpoint_period_ms,
-            params.heartbeat_ms,
-            params.heartbeat_timeout_ms,
-        )
-        .map_err(VmOpError::Colo)?;
-        if !(1..=65536).contains(&params.max_queue) || params.compare_timeout_ms == 0 {
-            return Err(VmOpError::Colo(
-                "max_queue must be 1 to 65536 and compare_timeout_ms at least 1".into(),
-            ));
-        }
-        let primary = crate::colo::primary::Primary::start(self.vm.clone(), params)
+        check_pair(&params)?;
+        let primary = crate::colo::primary::Primary::start(self.vm.clone(), params, arbiter)
             .map_err(|e| VmOpError::Colo(format!("cannot start its thread: {e}")))?;
         self.vm.set_colo(primary.side().clone());
         self.primary = Some(primary);
+        self.colo(ColoAsk::Status)
+    }
+
+    fn colo_reprotect(&mut self, params: crate::colo::Params) -> Result<Value, VmOpError> {
+        use replication::failover::State;
+        let side = self
+            .vm
+            .colo()
+            .ok_or_else(|| VmOpError::Colo("this VM is in no pair (colo-start)".into()))?;
+        let state = side.report().state;
+        if !matches!(state, State::PrimaryAlone | State::FailedOver) {
+            return Err(VmOpError::Colo(format!(
+                "re-protect is for a side that serves alone (primary_alone or \
+                 failed_over); this one is {}",
+                serde_json::to_value(state).map_err(VmOpError::Encode)?
+            )));
+        }
+        if self.migration.as_ref().is_some_and(|m| m.active()) {
+            return Err(VmOpError::Migrating);
+        }
+        check_pair(&params)?;
+        side.request_reprotect(params);
         self.colo(ColoAsk::Status)
     }
 
@@ -232,6 +248,22 @@ impl Control for VmControl {
         let report = serde_json::to_value(side.report()).map_err(VmOpError::Encode)?;
         Ok(json!({ "colo": report }))
     }
+}
+
+/// Checks a pair's timing and compare queue.
+fn check_pair(params: &crate::colo::Params) -> Result<(), VmOpError> {
+    crate::colo::check_timing(
+        params.checkpoint_period_ms,
+        params.heartbeat_ms,
+        params.heartbeat_timeout_ms,
+    )
+    .map_err(VmOpError::Colo)?;
+    if !(1..=65536).contains(&params.max_queue) || params.compare_timeout_ms == 0 {
+        return Err(VmOpError::Colo(
+            "max_queue must be 1 to 65536 and compare_timeout_ms at least 1".into(),
+        ));
+    }
+    Ok(())
 }
 
 impl VmControl {

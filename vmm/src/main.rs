@@ -132,16 +132,8 @@ enum Verb {
     ColoStart {
         /// The secondary: tcp:HOST:PORT or unix:PATH.
         to: String,
-        /// A checkpoint this often, ms (at least 100).
-        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_PERIOD_MS)]
-        checkpoint_period_ms: u64,
-        /// A heartbeat this often, ms (at least 10).
-        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_HEARTBEAT_MS)]
-        heartbeat_ms: u32,
-        /// The peer is lost after this long without a heartbeat, ms (over
-        /// twice --heartbeat-ms).
-        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_HEARTBEAT_TIMEOUT_MS)]
-        heartbeat_timeout_ms: u32,
+        #[command(flatten)]
+        pair: PairArgs,
         /// The lease file the pair shares on one host (default: after ADDR,
         /// as the secondary's --colo-lease).
         #[arg(long, value_name = "PATH", conflicts_with = "arbiter")]
@@ -158,17 +150,19 @@ enum Verb {
         /// side cut off is replaced after about this long.
         #[arg(long, value_name = "S", requires = "arbiter")]
         lease_ttl_s: Option<u32>,
-        /// A frame of this VM's waits this long for the secondary's same
-        /// frame, ms, then a checkpoint releases it.
-        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_COMPARE_TIMEOUT_MS)]
-        compare_timeout_ms: u64,
-        /// Frames the compare holds on each side, at most (1 to 65536).
-        #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_MAX_QUEUE)]
-        max_queue: usize,
-        /// What a full compare queue does: drop the frame (and count it), or
-        /// also take a checkpoint (only to measure the difference).
-        #[arg(long, value_name = "POLICY", default_value = "drop")]
-        colo_queue_full: vmm::colo::QueueFullPolicy,
+    },
+    /// On a VM that serves alone after its pair ended (primary_alone, or
+    /// failed_over: the survivor of a failover), protect it again with a
+    /// new secondary waiting at ADDR (`tandem run --colo secondary
+    /// --colo-listen ADDR`, its disks copies of this VM's images as they
+    /// are now): a full sync while the guest keeps serving, then
+    /// checkpoints, as colo-start. It keeps its lease (the arbiter it was
+    /// started with). Answers at once; follow it with colo-status.
+    ColoReprotect {
+        /// The new secondary: tcp:HOST:PORT or unix:PATH.
+        to: String,
+        #[command(flatten)]
+        pair: PairArgs,
     },
     /// This side of its COLO pair: role, state (syncing, protected,
     /// failing_over, primary_alone, failed_over, retired, fenced), the last
@@ -187,6 +181,46 @@ enum Verb {
         /// What to do with the log.
         action: vmm::api::DirtyLogAction,
     },
+}
+
+/// A pair's timing and compare queue (colo-start, colo-reprotect).
+#[derive(clap::Args, Debug)]
+struct PairArgs {
+    /// A checkpoint this often, ms (at least 100).
+    #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_PERIOD_MS)]
+    checkpoint_period_ms: u64,
+    /// A heartbeat this often, ms (at least 10).
+    #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_HEARTBEAT_MS)]
+    heartbeat_ms: u32,
+    /// The peer is lost after this long without a heartbeat, ms (over
+    /// twice --heartbeat-ms).
+    #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_HEARTBEAT_TIMEOUT_MS)]
+    heartbeat_timeout_ms: u32,
+    /// A frame of this VM's waits this long for the secondary's same
+    /// frame, ms, then a checkpoint releases it.
+    #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_COMPARE_TIMEOUT_MS)]
+    compare_timeout_ms: u64,
+    /// Frames the compare holds on each side, at most (1 to 65536).
+    #[arg(long, value_name = "N", default_value_t = vmm::colo::DEFAULT_MAX_QUEUE)]
+    max_queue: usize,
+    /// What a full compare queue does: drop the frame (and count it), or
+    /// also take a checkpoint (only to measure the difference).
+    #[arg(long, value_name = "POLICY", default_value = "drop")]
+    colo_queue_full: vmm::colo::QueueFullPolicy,
+}
+
+impl PairArgs {
+    fn params(&self, to: &str) -> Result<vmm::colo::Params, String> {
+        Ok(vmm::colo::Params {
+            to: to.parse()?,
+            checkpoint_period_ms: self.checkpoint_period_ms,
+            heartbeat_ms: self.heartbeat_ms,
+            heartbeat_timeout_ms: self.heartbeat_timeout_ms,
+            compare_timeout_ms: self.compare_timeout_ms,
+            max_queue: self.max_queue,
+            queue_full: self.colo_queue_full,
+        })
+    }
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
@@ -231,26 +265,33 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
         Verb::MigrateCancel => Request::MigrateCancel {},
         Verb::ColoStart {
             to,
-            checkpoint_period_ms,
-            heartbeat_ms,
-            heartbeat_timeout_ms,
+            pair,
             lease,
             arbiter,
             lease_ttl_s,
-            compare_timeout_ms,
-            max_queue,
-            colo_queue_full,
         } => Request::ColoStart {
             to: to.clone(),
-            checkpoint_period_ms: *checkpoint_period_ms,
-            heartbeat_ms: *heartbeat_ms,
-            heartbeat_timeout_ms: *heartbeat_timeout_ms,
+            checkpoint_period_ms: pair.checkpoint_period_ms,
+            heartbeat_ms: pair.heartbeat_ms,
+            heartbeat_timeout_ms: pair.heartbeat_timeout_ms,
             lease: lease.as_deref().map(absolute),
             arbiter: arbiter.clone(),
             lease_ttl_s: *lease_ttl_s,
-            compare_timeout_ms: *compare_timeout_ms,
-            max_queue: *max_queue,
-            queue_full: *colo_queue_full,
+            compare_timeout_ms: pair.compare_timeout_ms,
+            max_queue: pair.max_queue,
+            queue_full: pair.colo_queue_full,
+        },
+        Verb::ColoReprotect { to, pair } => match pair.params(to) {
+            Ok(p) => Request::ColoReprotect {
+                to: p.to.to_string(),
+                checkpoint_period_ms: p.checkpoint_period_ms,
+                heartbeat_ms: p.heartbeat_ms,
+                heartbeat_timeout_ms: p.heartbeat_timeout_ms,
+                compare_timeout_ms: p.compare_timeout_ms,
+                max_queue: p.max_queue,
+                queue_full: p.queue_full,
+            },
+            Err(e) => return fail(e),
         },
         Verb::ColoStatus => Request::ColoStatus {},
         Verb::ColoFailover => Request::ColoFailover {},

@@ -48,14 +48,20 @@ impl Forwarder {
             let Some(disk) = slot.colo_disk() else {
                 continue;
             };
-            if let ColoDisk::Tracked { log, file } = disk {
-                let file = file.try_clone().map_err(ColoError::Stream)?;
+            // A primary's disk, or a secondary's that took over (a
+            // re-protect).
+            let logged = match disk {
+                ColoDisk::Tracked { log, file } => Some((log.clone(), file.try_clone())),
+                ColoDisk::Replica(r) => {
+                    let (l, f) = r.write_log().map_err(ColoError::Stream)?;
+                    Some((l, Ok(f)))
+                }
+                ColoDisk::None => None,
+            };
+            if let Some((log, file)) = logged {
+                let file = file.map_err(ColoError::Stream)?;
                 log.set(true);
-                disks.push(Disk {
-                    index,
-                    log: log.clone(),
-                    file,
-                });
+                disks.push(Disk { index, log, file });
             }
             index += 1;
         }

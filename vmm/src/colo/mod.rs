@@ -33,6 +33,7 @@ pub mod primary;
 pub mod proxy;
 pub mod replica;
 pub mod secondary;
+pub mod survivor;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,15 +81,14 @@ pub enum ColoError {
     Refused(String),
 }
 
-/// What `colo_start` asks for.
+/// What `colo_start` (and `colo_reprotect`) asks for: the pair's peer
+/// and timing. The arbiter is given apart: a survivor keeps its own.
 #[derive(Debug, Clone)]
 pub struct Params {
     pub to: Endpoint,
     pub checkpoint_period_ms: u64,
     pub heartbeat_ms: u32,
     pub heartbeat_timeout_ms: u32,
-    /// The arbiter (default: the lock file [`default_lease`]).
-    pub arbiter: arbiter::ArbiterSpec,
     /// A primary frame waits this long for its match, then a checkpoint.
     pub compare_timeout_ms: u64,
     /// Frames each side of the compare holds, at most.
@@ -205,6 +205,8 @@ pub struct Side {
     heartbeat_at: Mutex<Option<Instant>>,
     /// Checkpoints the compare asked for.
     requests: Mutex<Vec<replication::schedule::Reason>>,
+    /// A re-protect asked for (`colo_reprotect`), not yet taken.
+    reprotect: Mutex<Option<Params>>,
 }
 
 impl Side {
@@ -216,7 +218,32 @@ impl Side {
             stop: AtomicBool::new(false),
             heartbeat_at: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
+            reprotect: Mutex::new(None),
         }
+    }
+
+    /// `colo_reprotect`: the side's thread starts a new pair with a new
+    /// secondary at its next turn (if it still serves alone then).
+    pub fn request_reprotect(&self, params: Params) {
+        *devices::bus::lock(&self.reprotect) = Some(params);
+    }
+
+    fn take_reprotect(&self) -> Option<Params> {
+        devices::bus::lock(&self.reprotect).take()
+    }
+
+    /// A new pair from this side, as its primary: a fresh report (the
+    /// arbiter's name kept).
+    fn renew(&self, params: &Params) {
+        self.update(|r| {
+            let arbiter = std::mem::take(&mut r.arbiter);
+            *r = Report {
+                heartbeat_ms: params.heartbeat_ms,
+                heartbeat_timeout_ms: params.heartbeat_timeout_ms,
+                checkpoint_period_ms: Some(params.checkpoint_period_ms),
+                ..Report::new(Role::Primary, params.to.to_string(), arbiter)
+            };
+        });
     }
 
     /// The report now.

@@ -1,7 +1,9 @@
 //! The COLO primary's thread ("colo"), started by the `colo_start` API
 //! verb on a running VM: takes the lease, syncs the secondary (a migration
 //! that keeps the guest here), then heartbeats and checkpoints until the
-//! pair ends, and holds the lease as long as this VM serves.
+//! pair ends, and holds the lease as long as this VM serves (alone, then:
+//! [`super::survivor`]). [`protect`] is one pair; a survivor runs it too to
+//! be protected again.
 //!
 //! Its guest's disk writes go to the secondary as they happen (a share at
 //! each turn, [`super::forward`]), and a checkpoint is taken when they
@@ -33,12 +35,12 @@ use replication::arbiter::Arbiter;
 use replication::failover::{Action, Failover, Role, State};
 use replication::schedule::{self, Reason, Scheduler};
 
-use super::arbiter::Fence;
+use super::arbiter::{ArbiterSpec, Fence};
 use super::forward::Forwarder;
 use super::proxy::{Cmd, Proxy};
+use super::survivor::Survivor;
 use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Report, Side};
 use crate::boot::layout;
-use crate::exit::VmExit;
 use crate::migrate::endpoint::Conn;
 use crate::migrate::inline::Slicer;
 use crate::migrate::pages::{self, Sent, Stop};
@@ -58,8 +60,6 @@ const SUMS_WAIT: Duration = Duration::from_secs(120);
 const TURN: Duration = Duration::from_millis(10);
 /// Disk writes forwarded at one turn, at most (the rest at the next).
 const TURN_DISK_BYTES: u64 = 4 << 20;
-/// How often a fenced side asks the arbiter who holds the lease.
-const ASK_EVERY: Duration = Duration::from_millis(500);
 
 /// The primary's side of a pair: its thread and its report.
 pub struct Primary {
@@ -69,21 +69,17 @@ pub struct Primary {
 
 impl Primary {
     /// Starts the pair's thread on `vm`.
-    pub fn start(vm: VmHandle, params: Params) -> std::io::Result<Primary> {
+    pub fn start(vm: VmHandle, params: Params, arbiter: ArbiterSpec) -> std::io::Result<Primary> {
         let side = Arc::new(Side::new(Report {
             heartbeat_ms: params.heartbeat_ms,
             heartbeat_timeout_ms: params.heartbeat_timeout_ms,
             checkpoint_period_ms: Some(params.checkpoint_period_ms),
-            ..Report::new(
-                Role::Primary,
-                params.to.to_string(),
-                params.arbiter.to_string(),
-            )
+            ..Report::new(Role::Primary, params.to.to_string(), arbiter.to_string())
         }));
         let s = side.clone();
         let thread = std::thread::Builder::new()
             .name("colo".into())
-            .spawn(move || run(&vm, &params, s))?;
+            .spawn(move || run(&vm, &params, &arbiter, s))?;
         Ok(Primary {
             side,
             thread: Some(thread),
@@ -95,7 +91,7 @@ impl Primary {
     }
 
     /// Whether the pair's thread still runs (it ends only when the pair
-    /// could not start, or the VMM ends).
+    /// could not start, this side fenced and lost, or the VMM ends).
     pub fn active(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
@@ -110,26 +106,54 @@ impl Drop for Primary {
     }
 }
 
-/// The thread's body.
-fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
-    let side = &*side_arc;
+/// The thread's body: the lease, the pair, then this VM as the pair's
+/// survivor (alone, or fenced) until the VMM ends.
+fn run(vm: &VmHandle, params: &Params, arbiter: &ArbiterSpec, side_arc: Arc<Side>) {
     let id = format!("primary pid {}", std::process::id());
-    let mut lease = match params.arbiter.open(&id) {
+    let mut lease = match arbiter.open(&id) {
         Ok(l) => l,
-        Err(e) => return not_started(side, e.into()),
+        Err(e) => return not_started(&side_arc, e.into()),
     };
+    match protect(vm, params, &side_arc, &mut *lease, false) {
+        Ok(ended) => Survivor::new(vm, side_arc.clone(), ended).run(&mut *lease),
+        Err(e) => not_started(&side_arc, e),
+    }
+}
+
+/// What a pair that ran leaves to its survivor.
+pub struct Ended {
+    pub fo: Failover,
+    pub fence: Fence,
+    pub proxy: Proxy,
+}
+
+/// One pair with this VM as its primary, until it ends: the lease taken
+/// (or, for a `survivor` that serves under it already, kept whatever
+/// happens), the secondary synced, then heartbeats and checkpoints. A pair
+/// that does not start leaves the guest running here as before it (dirty
+/// log off; the lease free unless a survivor's).
+pub fn protect(
+    vm: &VmHandle,
+    params: &Params,
+    side_arc: &Arc<Side>,
+    lease: &mut dyn Arbiter,
+    survivor: bool,
+) -> Result<Ended, ColoError> {
+    let side = &**side_arc;
     let config = failover_config(params.heartbeat_ms, params.heartbeat_timeout_ms);
-    let fo = match Failover::primary(config, Instant::now(), &mut *lease) {
-        Ok(f) => f,
-        Err(e) => return not_started(side, e.into()),
+    let fo = Failover::primary(config, Instant::now(), lease)?;
+    let give_up = |lease: &mut dyn Arbiter| {
+        if !survivor {
+            lease.release();
+        }
     };
     // Before the disks are hashed: nothing the guest writes from now on
     // is missed.
     let forward = match Forwarder::start(vm) {
         Ok(f) => f,
         Err(e) => {
-            lease.release();
-            return not_started(side, e);
+            give_up(lease);
+            return Err(e);
         }
     };
     let fence = Fence::new(lease.gate());
@@ -143,13 +167,11 @@ fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
     let (mut conn, proxy) = match synced {
         Ok(c) => c,
         Err(e) => {
-            // After a sync that went through, the guest runs on here as
-            // before the pair: dirty log off, lease free.
             if let Err(d) = vm.ram().stop_dirty_log() {
                 log::warn!("COLO: dirty log not stopped: {d}");
             }
-            lease.release();
-            return not_started(side, e);
+            give_up(lease);
+            return Err(e);
         }
     };
     eprintln!(
@@ -160,7 +182,7 @@ fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
         vm,
         side,
         fo,
-        lease: &mut *lease,
+        lease,
         fence,
         sched: Scheduler::new(
             schedule::Config {
@@ -177,9 +199,10 @@ fn run(vm: &VmHandle, params: &Params, side_arc: Arc<Side>) {
     // The first checkpoint at once: the secondary is protected from it on.
     pair.sched.request(Reason::Demand, Instant::now());
     pair.serve(&mut conn);
-    // The pair is over; this VM may still serve (alone) while it holds the
-    // lease, which it renews until the VMM ends, or fences.
-    pair.after(&mut conn);
+    let Pair {
+        fo, fence, proxy, ..
+    } = pair;
+    Ok(Ended { fo, fence, proxy })
 }
 
 /// The initial sync; then the pair's timing and the disks' sums go to
@@ -391,32 +414,6 @@ impl Pair<'_> {
                 let more = self.fo.connection_lost(self.lease);
                 self.act(conn, more);
             }
-        }
-    }
-
-    /// After the pair: this VM serves alone while it holds the lease (the
-    /// arbiter renews it), and fences when it cannot; a fenced VM ends as
-    /// soon as the arbiter answers again (it lost: it never serves).
-    fn after(&mut self, conn: &mut Conn) {
-        let mut asked = Instant::now();
-        while !Side::take(&self.side.stop) {
-            if self.fo.state() == State::Fenced {
-                if asked.elapsed() >= ASK_EVERY {
-                    asked = Instant::now();
-                    if let Some(why) = super::arbiter::lost(self.lease) {
-                        self.report();
-                        self.vm.exit().signal(VmExit::Fenced(why));
-                        return;
-                    }
-                }
-            } else {
-                let actions = self.fo.tick(Instant::now(), self.lease);
-                if !actions.is_empty() {
-                    self.act(conn, actions);
-                }
-            }
-            self.report();
-            std::thread::sleep(TURN * 5);
         }
     }
 

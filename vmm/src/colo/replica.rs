@@ -19,9 +19,10 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use devices::virtio::block::disk::DiskFile;
+use devices::virtio::block::tracked::WriteLog;
 use devices::virtio::block::DiskBackend;
 use devices::GuestMemoryMmap;
 use replication::journal::{BlockImage, DiskStats, JournalError, SecondaryDisk, BLOCK_SIZE};
@@ -61,6 +62,9 @@ impl BlockImage for Image {
 /// See the module doc.
 pub struct Replica {
     file: DiskFile,
+    /// What its guest wrote, once it serves and a new pair forwards it
+    /// (`colo_reprotect`); off until then.
+    log: Arc<WriteLog>,
     disk: Mutex<SecondaryDisk<Image>>,
     /// Guest writes refused because the overlay was full.
     overlay_full: AtomicU64,
@@ -83,6 +87,7 @@ impl Replica {
         };
         Ok(Replica {
             file,
+            log: Arc::new(WriteLog::default()),
             disk: Mutex::new(SecondaryDisk::new(image, JOURNAL_CAP)),
             overlay_full: AtomicU64::new(0),
         })
@@ -109,6 +114,12 @@ impl Replica {
         self.disk().failover()
     }
 
+    /// The log of its guest's writes (for a new pair after a takeover),
+    /// and a handle on the image to read them back from.
+    pub fn write_log(&self) -> io::Result<(Arc<WriteLog>, File)> {
+        Ok((self.log.clone(), self.file.file().try_clone()?))
+    }
+
     /// The journal's and the overlay's figures.
     pub fn stats(&self) -> DiskStats {
         self.disk().stats()
@@ -125,7 +136,11 @@ impl Replica {
                 "the secondary's overlay holds {blocks} blocks, its cap"
             )));
         }
-        d.guest_write(offset, data).map_err(to_io)
+        d.guest_write(offset, data).map_err(to_io)?;
+        // Noted while the disk is locked: a forwarder reads the range back
+        // only after the write is in.
+        self.log.note(offset, data.len() as u64);
+        Ok(())
     }
 
     /// Runs `f` on each chunk of `len` bytes at `offset`, with the chunk's
@@ -201,8 +216,10 @@ impl DiskBackend for Replica {
     /// Advisory: before the takeover nothing is deallocated (the range
     /// reads back as before, which discard allows).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        if self.disk().stats().failed_over {
-            return self.file.discard(offset, len);
+        let d = self.disk();
+        if d.stats().failed_over {
+            self.file.discard(offset, len)?;
+            self.log.note(offset, len);
         }
         Ok(())
     }

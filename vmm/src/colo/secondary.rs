@@ -31,6 +31,7 @@ use replication::failover::{Action, Failover, Role, State};
 use super::arbiter::{ArbiterSpec, Fence};
 use super::proxy::{Cmd, Proxy};
 use super::replica::{self, Replica};
+use super::survivor::Survivor;
 use super::{dirty, failover_config, incoming, ColoError, Report, Side};
 use crate::boot::layout;
 use crate::exit::VmExit;
@@ -84,7 +85,7 @@ fn serve(
     vm: &VmHandle,
     mut conn: Conn,
     listener: &Listener,
-    side: &Side,
+    side: &Arc<Side>,
     arbiter: &ArbiterSpec,
 ) -> Result<(), ColoError> {
     let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
@@ -164,7 +165,7 @@ fn serve(
 /// serves; a fenced side ends as soon as the arbiter answers again.
 struct After<'a> {
     vm: &'a VmHandle,
-    side: &'a Side,
+    side: &'a Arc<Side>,
     fence: Fence,
     /// When a fenced side last asked the arbiter.
     asked: Instant,
@@ -213,6 +214,12 @@ impl After<'_> {
                 }
             }
             report(vm, self.side, fo, lease);
+            if fo.state() == State::FailedOver {
+                // It serves: from now on, as any side that serves alone.
+                let fence = self.fence.clone();
+                Survivor::with(vm, self.side.clone(), fo.clone(), fence, proxy.take()).run(lease);
+                return;
+            }
             if Side::take(&self.side.stop) {
                 return;
             }

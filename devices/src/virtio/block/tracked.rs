@@ -103,7 +103,8 @@ impl WriteLog {
         crate::bus::lock(&self.ranges).bytes()
     }
 
-    fn note(&self, offset: u64, len: u64) {
+    /// Notes that `len` bytes at `offset` changed (if the log is on).
+    pub fn note(&self, offset: u64, len: u64) {
         if self.on.load(Ordering::SeqCst) {
             crate::bus::lock(&self.ranges).insert(offset, offset.saturating_add(len));
         }
