@@ -26,7 +26,12 @@
 //! - the secondary is killed: the primary goes on alone (`primary_alone`,
 //!   its alone mark in the lease), its guest unchanged and answering, a
 //!   client stream running across it arrives whole, and the verbs a pair
-//!   refuses (pause) work again.
+//!   refuses (pause) work again; then `colo-reprotect` with a new
+//!   secondary: its NICs back on their taps, a new pair, protected, and
+//!   the guest answers pings through its compare.
+//! - re-protect after a failover: the primary killed, the survivor
+//!   re-protected by a third VM, the survivor killed: the third serves and
+//!   a client stream running across both failovers arrives whole.
 //! - the link is cut with both alive (the primary stopped with SIGSTOP,
 //!   then continued): the secondary waits for the lease the primary holds,
 //!   the primary goes on alone; when the primary then dies, the secondary
@@ -82,6 +87,8 @@ struct Pair {
     secondary_api: PathBuf,
     /// The secondary's disk image.
     secondary_disk: PathBuf,
+    /// The primary's.
+    primary_disk: PathBuf,
     addr: String,
     lease: PathBuf,
 }
@@ -91,11 +98,14 @@ impl Pair {
         let ns = NetNs::new(tag);
         ns.add_bridge("br0", &format!("{HOST_IP0}/{PREFIX}"), &["tap0", "tap2"]);
         let primary_api = scratch(&format!("{tag}-p.api"));
-        let mut primary = TestVm::restore_base(
+        let primary_disk = disk_copy();
+        let mut primary = TestVm::restore_base_on(
             &ns,
             ["tap0", "tap1"],
+            &primary_disk,
             &["--api-sock", primary_api.to_str().unwrap()],
         );
+        primary.remove_on_drop(primary_disk.clone());
         primary.ok(
             "mkfifo /tmp/tick; (exec 3<>/tmp/tick; n=0; while :; do n=$((n+1)); \
              echo $n >> /tmp/count; read -t 1 x <&3; done) &",
@@ -119,6 +129,7 @@ impl Pair {
             secondary,
             secondary_api,
             secondary_disk,
+            primary_disk,
             addr,
             lease,
         }
@@ -403,6 +414,28 @@ fn the_primary_goes_on_alone_when_the_secondary_dies() {
     assert_eq!(code, 0, "resume: {a}");
     stream.check(&mut pair.primary);
     phase("b: the primary goes on alone; the stream arrived whole");
+
+    // Protected again by a new secondary on a copy of its image as it is.
+    let image = scratch("colo-b-disk3");
+    std::fs::copy(&pair.primary_disk, &image).expect("copy the primary's image");
+    let sock = scratch("colo-b3.sock");
+    let addr = format!("unix:{}", sock.display());
+    let api = scratch("colo-b3.api");
+    let mut third = secondary(&pair.ns, &addr, &pair.lease, &api, image);
+    third.remove_on_drop(sock);
+    let (code, a) = ctl(
+        &pair.primary_api,
+        &["colo-reprotect", &addr, "--checkpoint-period-ms", PERIOD_MS],
+    );
+    assert_eq!(code, 0, "colo-reprotect: {a}");
+    let s = wait_checkpoints(&pair.primary_api, 2);
+    assert_eq!(s["role"], "primary", "{s}");
+    assert_eq!(status(&api)["state"], "protected");
+    // Its NICs went back onto their taps and into the new pair's proxy:
+    // the guest answers through the compare.
+    pair.ns.must("ping", &["-c", "3", "-W", "5", GUEST_IP0]);
+    assert_eq!(pair.primary.ok("sha256sum /etc/passwd", CMD), sum);
+    phase("b: the alone primary re-protected; it answers through the new pair");
 }
 
 #[test]
