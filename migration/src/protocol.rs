@@ -39,14 +39,16 @@
 //! Abandon  a reason (UTF-8): the sender gives up; the source runs the guest
 //!
 //! COLO (a primary/secondary pair on one stream, after Go; see below):
-//! Protect     4 heartbeat interval ms, 4 heartbeat timeout ms
+//! Protect     4 heartbeat interval ms, 4 heartbeat timeout ms, 2 page
+//!             channels (1 to 16; absent: 1)
 //! Disks       4 count N (at most 64); N x 32 SHA-256 of each disk image,
 //!             in device order (answered by Accept, or Abandon: they differ)
 //! Heartbeat   empty (the primary asks, the secondary answers)
 //! Checkpoint  8 epoch: pause, and tell me what you wrote
 //! Dirty       4 span count N; N x (8 gpa, 4 pages): the pages the
 //!             secondary's guest wrote since the last committed checkpoint
-//! Commit      empty: the checkpoint (Memory x n, State) is whole
+//! Commit      empty: the checkpoint (Memory x n, State) is whole; on a
+//!             page channel: this channel's share of it is whole
 //! Committed   empty: the secondary applied it, paused
 //! DiskWrite   4 disk (index among the disks), 8 offset, then 1 to
 //!             DISK_WRITE_MAX bytes: what the primary's guest wrote there,
@@ -98,6 +100,14 @@
 //!   <------------------------------------  Committed
 //!   resumes                                resumes
 //! ```
+//!
+//! With `channels` N > 1 (`--colo-channels`, like QEMU's multifd), the
+//! primary opens N more connections after the network link, each starting
+//! with Hello; a checkpoint's pages then go over those, each channel's share
+//! (every Nth span of the dirty bitmap) ending with its own Commit, sent by
+//! N threads at once and read by N threads on the secondary, which holds
+//! the checkpoint whole (all channels' Commits and the stream's) before it
+//! applies anything. The stream carries the rest as above (no Memory).
 //!
 //! A checkpoint that does not arrive whole is dropped: the secondary's
 //! guest goes on from its own state (the pages it wrote stay owed to the

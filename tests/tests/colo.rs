@@ -30,7 +30,8 @@
 //!   secondary: its NICs back on their taps, a new pair, protected, and
 //!   the guest answers pings through its compare.
 //! - re-protect after a failover: the primary killed, the survivor
-//!   re-protected by a third VM, the survivor killed: the third serves and
+//!   re-protected by a third VM (its checkpoints over 3 page channels),
+//!   the survivor killed: the third serves and
 //!   a client stream running across both failovers arrives whole.
 //! - the link is cut with both alive (the primary stopped with SIGSTOP,
 //!   then continued): the secondary waits for the lease the primary holds,
@@ -38,9 +39,9 @@
 //!   finds the alone mark and retires (status 1): exactly one server, and
 //!   never a stale one.
 //!
-//! - checkpoints every 2 s for over 3 minutes with a client's stream
-//!   running through the pair: none abandoned, still protected, every byte
-//!   arrived.
+//! - checkpoints every 2 s for over 3 minutes, their pages over 4 page
+//!   channels, with a client's stream running through the pair: none
+//!   abandoned, still protected, every byte arrived.
 //!
 //! A client's TCP stream runs through the pair (the compare) and across the
 //! primary's death.
@@ -143,17 +144,21 @@ impl Pair {
     }
 
     fn start_every(&mut self, period_ms: &str, checkpoints: u64) {
-        let (code, a) = ctl(
-            &self.primary_api,
-            &[
-                "colo-start",
-                &self.addr,
-                "--checkpoint-period-ms",
-                period_ms,
-                "--lease",
-                self.lease.to_str().unwrap(),
-            ],
-        );
+        self.start_with(period_ms, checkpoints, &[]);
+    }
+
+    /// [`Pair::start_every`] with `extra` options for `colo-start`.
+    fn start_with(&mut self, period_ms: &str, checkpoints: u64, extra: &[&str]) {
+        let mut args = vec![
+            "colo-start",
+            &self.addr,
+            "--checkpoint-period-ms",
+            period_ms,
+            "--lease",
+            self.lease.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (code, a) = ctl(&self.primary_api, &args);
         assert_eq!(code, 0, "colo-start: {a}");
         self.wait_checkpoints(checkpoints);
     }
@@ -463,11 +468,21 @@ fn the_survivor_is_protected_again_and_survives_a_second_failover() {
     third.remove_on_drop(sock);
     let (code, a) = ctl(
         &pair.secondary_api,
-        &["colo-reprotect", &addr, "--checkpoint-period-ms", PERIOD_MS],
+        &[
+            "colo-reprotect",
+            &addr,
+            "--checkpoint-period-ms",
+            PERIOD_MS,
+            "--colo-channels",
+            "3",
+        ],
     );
     assert_eq!(code, 0, "colo-reprotect: {a}");
+    // The new pair's checkpoints over 3 page channels: the third VM's
+    // state after the second failover came through them.
     let s = wait_checkpoints(&pair.secondary_api, 2);
     assert_eq!(s["role"], "primary", "{s}");
+    assert_eq!(s["channels"], 3, "{s}");
     assert_eq!(s["sync"]["phase"], "completed", "{s}");
     assert_eq!(status(&api)["state"], "protected");
     phase("e: the survivor re-protected by a third VM");
@@ -649,9 +664,10 @@ const LONG: Pace = Pace {
 fn three_minutes_of_checkpoints_with_traffic() {
     let mut pair = Pair::new("colo-d");
     let stream = Stream::start(&mut pair.primary, &pair.ns, 5005, 33, LONG);
-    pair.start(1);
+    // The pages of each checkpoint over 4 channels at once.
+    pair.start_with(PERIOD_MS, 1, &["--colo-channels", "4"]);
     let t = Instant::now();
-    phase("d: protected, the stream runs");
+    phase("d: protected (4 page channels), the stream runs");
     while stream.running() {
         assert!(t.elapsed() < Duration::from_secs(600), "the stream hangs");
         std::thread::sleep(Duration::from_secs(5));
@@ -668,6 +684,12 @@ fn three_minutes_of_checkpoints_with_traffic() {
     assert_eq!(s["checkpoints"]["abandoned"], 0, "{s}");
     let total = s["checkpoints"]["total"].as_u64().unwrap_or(0);
     assert!(total >= 80, "{total} checkpoints in {took:?}");
-    assert_eq!(status(&pair.secondary_api)["state"], "protected");
+    let s2 = status(&pair.secondary_api);
+    assert_eq!(s2["state"], "protected");
+    assert_eq!(
+        (s["channels"].as_u64(), s2["channels"].as_u64()),
+        (Some(4), Some(4))
+    );
+    assert!(s2["applied_pages"].as_u64() > Some(0), "{s2}");
     stream.check(&mut pair.primary);
 }

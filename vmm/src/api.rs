@@ -24,7 +24,7 @@
 //! {"cmd":"colo_start","to":"tcp:H:P"|"unix:PATH","checkpoint_period_ms":20000,
 //!  "heartbeat_ms":100,"heartbeat_timeout_ms":1000,"lease":"/tmp/F.lock"
 //!  |"arbiter":"etcd:http://H:P/KEY","lease_ttl_s":3,
-//!  "compare_timeout_ms":3000,"max_queue":1024,"queue_full":"drop"|"checkpoint"}
+//!  "compare_timeout_ms":3000,"max_queue":1024,"queue_full":"drop"|"checkpoint","channels":1}
 //!                                  -> {"ok":true,"colo":{report}} (started; fields optional)
 //! {"cmd":"colo_reprotect","to":"tcp:H:P"|"unix:PATH", and colo_start's timing fields}
 //!                                  -> {"ok":true,"colo":{report}} (asked; a survivor acts on it)
@@ -175,6 +175,8 @@ pub enum Request {
         max_queue: usize,
         #[serde(default)]
         queue_full: crate::colo::QueueFullPolicy,
+        #[serde(default = "field::default_channels")]
+        channels: u16,
     },
     /// Makes this VM, serving alone after its pair ended (primary_alone or
     /// failed_over), the primary of a new pair with the secondary waiting
@@ -194,6 +196,8 @@ pub enum Request {
         max_queue: usize,
         #[serde(default)]
         queue_full: crate::colo::QueueFullPolicy,
+        #[serde(default = "field::default_channels")]
+        channels: u16,
     },
     ColoStatus {},
     ColoFailover {},
@@ -273,6 +277,10 @@ mod field {
 
     pub fn default_max_queue() -> usize {
         crate::colo::DEFAULT_MAX_QUEUE
+    }
+
+    pub fn default_channels() -> u16 {
+        1
     }
 
     pub fn default_true() -> bool {
@@ -451,6 +459,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             compare_timeout_ms,
             max_queue,
             queue_full,
+            channels,
         } => match to.parse::<crate::migrate::Endpoint>() {
             Ok(to) => {
                 let arbiter = match crate::colo::arbiter::ArbiterSpec::from_options(
@@ -470,6 +479,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                     compare_timeout_ms,
                     max_queue,
                     queue_full,
+                    channels,
                 };
                 answer(ctl.colo_start(params, arbiter))
             }
@@ -483,6 +493,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             compare_timeout_ms,
             max_queue,
             queue_full,
+            channels,
         } => match to.parse::<crate::migrate::Endpoint>() {
             Ok(to) => answer(ctl.colo_reprotect(crate::colo::Params {
                 to,
@@ -492,6 +503,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                 compare_timeout_ms,
                 max_queue,
                 queue_full,
+                channels,
             })),
             Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),
         },

@@ -263,6 +263,13 @@ fn check_pair(params: &crate::colo::Params) -> Result<(), VmOpError> {
             "max_queue must be 1 to 65536 and compare_timeout_ms at least 1".into(),
         ));
     }
+    let most = migration::protocol::colo::MAX_CHANNELS;
+    if !(1..=most).contains(&params.channels) {
+        return Err(VmOpError::Colo(format!(
+            "{} page channels: 1 to {most}",
+            params.channels
+        )));
+    }
     Ok(())
 }
 

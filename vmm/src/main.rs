@@ -207,6 +207,11 @@ struct PairArgs {
     /// also take a checkpoint (only to measure the difference).
     #[arg(long, value_name = "POLICY", default_value = "drop")]
     colo_queue_full: vmm::colo::QueueFullPolicy,
+    /// Connections a checkpoint's pages go over at once, each with a
+    /// thread on both sides (like QEMU's multifd): 1 (the pair's stream
+    /// itself) to 16.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    colo_channels: u16,
 }
 
 impl PairArgs {
@@ -219,6 +224,7 @@ impl PairArgs {
             compare_timeout_ms: self.compare_timeout_ms,
             max_queue: self.max_queue,
             queue_full: self.colo_queue_full,
+            channels: self.colo_channels,
         })
     }
 }
@@ -280,6 +286,7 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
             compare_timeout_ms: pair.compare_timeout_ms,
             max_queue: pair.max_queue,
             queue_full: pair.colo_queue_full,
+            channels: pair.colo_channels,
         },
         Verb::ColoReprotect { to, pair } => match pair.params(to) {
             Ok(p) => Request::ColoReprotect {
@@ -290,6 +297,7 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
                 compare_timeout_ms: p.compare_timeout_ms,
                 max_queue: p.max_queue,
                 queue_full: p.queue_full,
+                channels: p.channels,
             },
             Err(e) => return fail(e),
         },

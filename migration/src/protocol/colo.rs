@@ -16,12 +16,20 @@ pub struct Timing {
     pub heartbeat_ms: u32,
     /// The peer is lost when nothing came from it for this long, ms.
     pub timeout_ms: u32,
+    /// Connections a checkpoint's pages are split over (1 to
+    /// [`MAX_CHANNELS`]): 1, the stream itself; more, that many page
+    /// channels opened after the network link.
+    pub channels: u16,
 }
+
+/// The most page channels a pair may use.
+pub const MAX_CHANNELS: u16 = 16;
 
 impl Timing {
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut p = self.heartbeat_ms.to_le_bytes().to_vec();
         p.extend_from_slice(&self.timeout_ms.to_le_bytes());
+        p.extend_from_slice(&self.channels.to_le_bytes());
         p
     }
 
@@ -30,13 +38,27 @@ impl Timing {
             command: "Protect",
             msg,
         };
-        let b: [u8; 8] = p
-            .try_into()
-            .map_err(|_| malformed(format!("{} bytes", p.len())))?;
+        // 8 bytes: a pair without channels (as before they existed).
+        let (b, channels): ([u8; 8], u16) = match p.len() {
+            8 => (p.try_into().map_err(|_| malformed("8 bytes".into()))?, 1),
+            10 => (
+                p[..8]
+                    .try_into()
+                    .map_err(|_| malformed("10 bytes".into()))?,
+                u16::from_le_bytes([p[8], p[9]]),
+            ),
+            n => return Err(malformed(format!("{n} bytes"))),
+        };
         let t = Timing {
             heartbeat_ms: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
             timeout_ms: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            channels,
         };
+        if !(1..=MAX_CHANNELS).contains(&channels) {
+            return Err(malformed(format!(
+                "{channels} page channels (1 to {MAX_CHANNELS})"
+            )));
+        }
         if t.heartbeat_ms == 0 || t.timeout_ms <= t.heartbeat_ms {
             return Err(malformed(format!(
                 "heartbeat {} ms with a timeout of {} ms",
@@ -238,6 +260,7 @@ mod tests {
             Message::Protect(Timing {
                 heartbeat_ms: 100,
                 timeout_ms: 1000,
+                channels: 4,
             }),
             Message::Heartbeat,
             Message::Checkpoint { epoch: 7 },
@@ -263,6 +286,12 @@ mod tests {
         // A timeout not above the interval.
         assert!(Timing::decode(&[100, 0, 0, 0, 100, 0, 0, 0]).is_err());
         assert!(Timing::decode(&[0; 8]).is_err());
+        // Without channels: one; none, or more than 16: refused.
+        let old = [100, 0, 0, 0, 0xe8, 3, 0, 0];
+        assert_eq!(Timing::decode(&old).map(|t| t.channels).ok(), Some(1));
+        assert!(Timing::decode(&[100, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0]).is_err());
+        assert!(Timing::decode(&[100, 0, 0, 0, 0xe8, 3, 0, 0, 17, 0]).is_err());
+        assert!(Timing::decode(&[100, 0, 0, 0, 0xe8, 3, 0, 0, 1]).is_err());
         // Count and bytes disagree; an empty span; a huge count.
         assert!(decode_spans(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]).is_err());
         assert!(decode_spans(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());

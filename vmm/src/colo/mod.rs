@@ -24,6 +24,7 @@
 //! across hosts; [`arbiter`]), never a guess.
 
 pub mod arbiter;
+pub mod channels;
 pub mod dirty;
 pub mod disks;
 pub mod forward;
@@ -95,6 +96,8 @@ pub struct Params {
     pub max_queue: usize,
     /// What a full compare queue does.
     pub queue_full: QueueFullPolicy,
+    /// Connections a checkpoint's pages go over (1: the stream itself).
+    pub channels: u16,
 }
 
 /// What a full compare queue does (`--colo-queue-full`).
@@ -143,6 +146,8 @@ pub struct Report {
     pub heartbeat_ms: u32,
     pub heartbeat_timeout_ms: u32,
     pub checkpoint_period_ms: Option<u64>,
+    /// Page channels of its checkpoints (1: the stream).
+    pub channels: u16,
     /// The primary's checkpoints (by reason, pause, bytes).
     pub checkpoints: Option<replication::schedule::Stats>,
     /// The pauses of the last [`RECENT`] checkpoints, ms, oldest first
@@ -182,6 +187,7 @@ impl Report {
             heartbeat_ms: 0,
             heartbeat_timeout_ms: 0,
             checkpoint_period_ms: None,
+            channels: 1,
             checkpoints: None,
             recent_pauses_ms: Default::default(),
             secondary_pages: 0,
@@ -238,6 +244,7 @@ impl Side {
         self.update(|r| {
             let arbiter = std::mem::take(&mut r.arbiter);
             *r = Report {
+                channels: params.channels,
                 heartbeat_ms: params.heartbeat_ms,
                 heartbeat_timeout_ms: params.heartbeat_timeout_ms,
                 checkpoint_period_ms: Some(params.checkpoint_period_ms),

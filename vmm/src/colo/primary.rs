@@ -71,6 +71,7 @@ impl Primary {
     /// Starts the pair's thread on `vm`.
     pub fn start(vm: VmHandle, params: Params, arbiter: ArbiterSpec) -> std::io::Result<Primary> {
         let side = Arc::new(Side::new(Report {
+            channels: params.channels,
             heartbeat_ms: params.heartbeat_ms,
             heartbeat_timeout_ms: params.heartbeat_timeout_ms,
             checkpoint_period_ms: Some(params.checkpoint_period_ms),
@@ -159,12 +160,20 @@ pub fn protect(
     let fence = Fence::new(lease.gate());
     let synced = sync(vm, params, side).and_then(|c| {
         let proxy = start_proxy(vm, params, side_arc.clone(), fence.clone());
-        if proxy.is_err() {
-            c.shutdown();
+        let channels = proxy
+            .as_ref()
+            .ok()
+            .map(|_| super::channels::open(&params.to, params.channels, COMMIT_WAIT));
+        match (proxy, channels) {
+            (Ok(p), Some(Ok(ch))) => Ok((c, p, ch)),
+            (Err(e), _) | (Ok(_), Some(Err(e))) => {
+                c.shutdown();
+                Err(e)
+            }
+            (Ok(_), None) => Err(ColoError::Refused("no page channels".into())),
         }
-        Ok((c, proxy?))
     });
-    let (mut conn, proxy) = match synced {
+    let (mut conn, proxy, channels) = match synced {
         Ok(c) => c,
         Err(e) => {
             if let Err(d) = vm.ram().stop_dirty_log() {
@@ -195,6 +204,7 @@ pub fn protect(
         timeout: Duration::from_millis(u64::from(params.heartbeat_timeout_ms)),
         forward: Some(forward),
         proxy,
+        channels,
     };
     // The first checkpoint at once: the secondary is protected from it on.
     pair.sched.request(Reason::Demand, Instant::now());
@@ -228,6 +238,7 @@ fn sync(vm: &VmHandle, params: &Params, side: &Side) -> Result<Conn, ColoError> 
     let timing = Timing {
         heartbeat_ms: params.heartbeat_ms,
         timeout_ms: params.heartbeat_timeout_ms,
+        channels: params.channels,
     };
     protocol::write_message(&mut conn, &Message::Protect(timing))?;
     protocol::write_message(&mut conn, &Message::Disks(sums))?;
@@ -262,6 +273,8 @@ struct Pair<'a> {
     /// The guest's disk writes on their way (`None` once the pair ended).
     forward: Option<Forwarder>,
     proxy: Proxy,
+    /// The page channels (none: the pages go on the stream).
+    channels: Vec<Conn>,
 }
 
 impl Pair<'_> {
@@ -377,6 +390,7 @@ impl Pair<'_> {
         };
         let to = Target {
             conn,
+            channels: &mut self.channels,
             forward,
             layout: &self.layout,
             timeout: self.timeout,
@@ -501,6 +515,8 @@ struct Done {
 /// Where a checkpoint goes, and what it carries besides memory and state.
 struct Target<'a> {
     conn: &'a mut Conn,
+    /// The page channels, if any.
+    channels: &'a mut [Conn],
     forward: &'a mut Forwarder,
     /// This VM's memory regions (the secondary's spans are checked).
     layout: &'a [(u64, u64)],
@@ -528,10 +544,9 @@ fn checkpoint(
         vm.pause()?;
     }
     // Paused, the device thread parked: every write is complete.
-    let sent = to
-        .forward
-        .send(conn, u64::MAX)
-        .and_then(|disk| send_checkpoint(vm, conn, &spans, to.timeout).map(|(b, t)| (b + disk, t)));
+    let sent = to.forward.send(conn, u64::MAX).and_then(|disk| {
+        send_checkpoint(vm, conn, to.channels, &spans, to.timeout).map(|(b, t)| (b + disk, t))
+    });
     if sent.is_ok() {
         // Both guests paused: the proxy settles the frames of before.
         on_commit();
@@ -551,26 +566,32 @@ fn checkpoint(
 fn send_checkpoint(
     vm: &VmHandle,
     conn: &mut Conn,
+    channels: &mut [Conn],
     spans: &[migration::protocol::colo::Span],
     timeout: Duration,
 ) -> Result<(u64, u64), ColoError> {
     let ram = vm.ram();
     let mut pages = ram.dirty_pages()?;
     let theirs = dirty::mark(&mut pages, spans);
-    let mut sent = Sent::default();
-    let never = AtomicBool::new(false);
-    let slicer = Slicer::thread();
-    let stop = Stop {
-        cancel: &never,
-        progress: &|_| {},
-        until: None,
-        slicer: &slicer,
+    let page_bytes = if channels.is_empty() {
+        let mut sent = Sent::default();
+        let never = AtomicBool::new(false);
+        let slicer = Slicer::thread();
+        let stop = Stop {
+            cancel: &never,
+            progress: &|_| {},
+            until: None,
+            slicer: &slicer,
+        };
+        let uncapped = crate::migrate::Params::default();
+        pages::send_dirty(ram, conn, &pages, &uncapped, &mut sent, &stop)?;
+        sent.bytes()
+    } else {
+        super::channels::send(ram, channels, &pages)?
     };
-    let uncapped = crate::migrate::Params::default();
-    pages::send_dirty(ram, conn, &pages, &uncapped, &mut sent, &stop)?;
     let state = vm.capture_state()?;
     let image = crate::snapshot::state_image(&state)?;
-    let bytes = sent.bytes() + image.len() as u64;
+    let bytes = page_bytes + image.len() as u64;
     protocol::write_message(conn, &Message::State(image))?;
     protocol::write_message(conn, &Message::Commit)?;
     conn.set_timeouts(COMMIT_WAIT).map_err(ColoError::Stream)?;

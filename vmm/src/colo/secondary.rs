@@ -104,11 +104,13 @@ fn serve(
     let mut lease = arbiter.open(&id)?;
     let fence = Fence::new(lease.gate());
     let proxy = start_proxy(vm, listener, fence.clone())?;
+    let channels = super::channels::accept(listener, t.channels, PROXY_WAIT)?;
     let timeout = Duration::from_millis(u64::from(t.timeout_ms));
     conn.set_timeouts(timeout).map_err(ColoError::Stream)?;
     side.update(|r| {
         r.heartbeat_ms = t.heartbeat_ms;
         r.heartbeat_timeout_ms = t.timeout_ms;
+        r.channels = t.channels;
     });
     let ram = vm.ram();
     ram.start_dirty_log()?;
@@ -128,6 +130,7 @@ fn serve(
         limit: vm.manifest().mem_bytes / protocol::PAGE_SIZE,
         proxy: Some(proxy),
         replicas: replica::of(vm),
+        channels,
     };
     let actions = match rx.replicate(&mut conn, &mut fo, &mut *lease) {
         Ended::Stopped => return Ok(()),
@@ -347,6 +350,8 @@ struct Receiver<'a> {
     proxy: Option<Proxy>,
     /// The disks, indexed as the primary's `DiskWrite`s are.
     replicas: Vec<Option<Arc<Replica>>>,
+    /// The page channels (none: the pages come on the stream).
+    channels: Vec<Conn>,
 }
 
 impl Receiver<'_> {
@@ -424,6 +429,30 @@ impl Receiver<'_> {
         Ok(())
     }
 
+    /// One checkpoint, whole and checked: from the stream, and from the
+    /// page channels at once if there are any (the stream then carries no
+    /// pages).
+    fn read(&mut self, conn: &mut Conn) -> Result<incoming::Checkpoint, ColoError> {
+        let replicas = &self.replicas;
+        let mut journal = |w: &DiskWrite| journal(replicas, w);
+        let (layout, limit, manifest) = (&self.layout, self.limit, self.vm.manifest());
+        if self.channels.is_empty() {
+            return incoming::read_checkpoint(conn, layout, limit, manifest, &mut journal);
+        }
+        let channels = &mut self.channels;
+        let (main, pages) = std::thread::scope(|s| {
+            let pages = s.spawn(|| super::channels::receive(channels, layout, limit));
+            let main = incoming::read_checkpoint(conn, layout, 0, manifest, &mut journal);
+            (main, pages.join())
+        });
+        let (batches, n) = pages
+            .map_err(|_| ColoError::Refused("the page channels' thread panicked".into()))??;
+        let mut c = main?;
+        c.batches.extend(batches);
+        c.pages = c.pages.saturating_add(n);
+        Ok(c)
+    }
+
     /// With the guest paused: what it wrote goes to the primary, the
     /// checkpoint comes back whole and is applied. Returns its pages.
     fn receive(&mut self, conn: &mut Conn) -> Result<u64, ColoError> {
@@ -432,11 +461,8 @@ impl Receiver<'_> {
         ram.clear_all()?;
         dirty::or(&mut self.owed, &mine);
         protocol::write_message(conn, &Message::Dirty(dirty::spans(&self.owed)))?;
+        let c = self.read(conn)?;
         let vm = self.vm;
-        let replicas = &self.replicas;
-        let mut journal = |w: &DiskWrite| journal(replicas, w);
-        let c =
-            incoming::read_checkpoint(conn, &self.layout, self.limit, vm.manifest(), &mut journal)?;
         // Whole and checked: now it is applied.
         incoming::write_pages(vm.memory(), &c)?;
         vm.apply_state(&c.state)?;
