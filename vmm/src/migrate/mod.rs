@@ -14,6 +14,8 @@ pub mod inline;
 pub mod pages;
 pub mod source;
 pub mod status;
+pub mod tls;
+mod tls_pump;
 
 pub use endpoint::Endpoint;
 pub use source::{Ended, Migration};
