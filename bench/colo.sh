@@ -12,8 +12,9 @@
 #            [--period-ms P] [--mem MIB] [--dirty-mib M] [--dirty-rate R]
 #            [--traffic-seconds T] [--traffic-ping-ms P] [--queue-policies drop,checkpoint]
 #            [--conns N] [--max-queue Q] [--hosts-runs N] [--lease-ttl-s S]
-#            [--channels 1,2,4]
+#            [--channels 1,2,4] [--transports tcp,tls]
 # --channels 1,2,4: the checkpoint pause with that many page channels.
+# --transports tcp,tls: a pair on loopback TCP, plain and TLS (the cost of TLS).
 # --hosts-runs: pairs on two simulated hosts (namespaces, an etcd lease),
 # host A cut off: takeover and first client reply after the cut.
 source "$(dirname "$0")/common.sh"

@@ -7,7 +7,8 @@ lease with TTL --lease-ttl-s. Each run cuts host A off from B and from etcd
 (its LAN stays) while the client pings the guest every --ping-ms, and
 gives: the takeover (cut -> the secondary's colo-status says failed_over)
 and the failover as the client sees it (cut -> the first reply to a ping
-sent after the cut). Both are bounded below by the lease's TTL: the
+sent after the cut). The pair's streams are TLS, each host with its own
+certificate (resources/tls-certs.sh). Both are bounded below by the lease's TTL: the
 secondary may serve only once the primary's lease expired.
 
 The same topology as tests/src/hosts.rs; addresses from documentation
@@ -26,7 +27,7 @@ from snapshot_measure import Console, kill, log, spawn, tail
 
 CLONE_NEWNET = 0x40000000
 HOST, GUEST, PREFIX = "192.0.2.1", "192.0.2.2", 24
-REP_B = "203.0.113.2"
+REP_A, REP_B = "203.0.113.1", "203.0.113.2"
 ETCD = {"a": ("203.0.113.6", "203.0.113.5"), "b": ("203.0.113.10", "203.0.113.9")}
 
 
@@ -66,7 +67,7 @@ class Hosts:
             sh("ip", "-n", ns, "link", "set", "dev", "lan", "master", "brl")
             sh("ip", "-n", c, "link", "set", "dev", f"lan-{host}", "master", "br0")
             self.veth(ns, "etcd", ETCD[host][0], self.ns["e"], f"to-{host}", ETCD[host][1])
-        self.veth(self.ns["a"], "rep", "203.0.113.1", self.ns["b"], "rep", REP_B)
+        self.veth(self.ns["a"], "rep", REP_A, self.ns["b"], "rep", REP_B)
         self.start_etcd()
 
     @staticmethod
@@ -130,6 +131,19 @@ def wait(what, limit, done):
         time.sleep(0.02)
 
 
+def host_pki(tmp):
+    """Host A's and host B's TLS options: one CA (resources/tls-certs.sh),
+    B's certificate naming its replication address."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    make = os.path.join(repo, "resources", "tls-certs.sh")
+    a, b = os.path.join(tmp, "pki-a"), os.path.join(tmp, "pki-b")
+    if not os.path.exists(os.path.join(b, "host.pem")):
+        subprocess.run([make, a, REP_A], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([make, b, "--ca-from", a, REP_B], check=True, stdout=subprocess.DEVNULL)
+    return [["--tls-cert", os.path.join(d, "host.pem"), "--tls-key", os.path.join(d, "host.key"),
+             "--tls-ca", os.path.join(d, "ca.pem")] for d in (a, b)]
+
+
 def one(args, snap, tmp, n, home):
     """One two-host pair, cut off; its figures. `home`: the namespace this
     bench runs in (entered again after the pinger's socket is made)."""
@@ -137,10 +151,11 @@ def one(args, snap, tmp, n, home):
     err = os.path.join(tmp, f"hosts{n}")
     api_p, api_s = err + ".p.api", err + ".s.api"
     procs = []
+    tls_a, tls_b = host_pki(tmp)
     try:
         ttl = str(args.lease_ttl_s)
         p = spawn(["ip", "netns", "exec", hosts.ns["a"], args.tandem, "run", "--restore", snap,
-                   "--api-sock", api_p, "--net", f"tap=tap0,mac={MAC}"], err + ".p")
+                   "--api-sock", api_p, "--net", f"tap=tap0,mac={MAC}", *tls_a], err + ".p")
         procs.append(p)
         con = Console(p)
         con.wait_for(con.send("true"), args.cmd_timeout)
@@ -148,7 +163,7 @@ def one(args, snap, tmp, n, home):
                    "secondary", "--colo-listen", f"tcp:{REP_B}:7700", "--colo-arbiter",
                    hosts.arbiter("b", f"bench{n}"), "--colo-lease-ttl-s", ttl,
                    "--mem", f"{args.mem}M", "--api-sock", api_s,
-                   "--net", f"tap=tap0,mac={MAC}"], err + ".s")
+                   "--net", f"tap=tap0,mac={MAC}", *tls_b], err + ".s")
         procs.append(s)
         wait("the secondary listens", 60, lambda: "waiting for a migration" in tail(err + ".s", 50))
         a = ctl(args, api_p, "colo-start", f"tcp:{REP_B}:7700", "--arbiter",

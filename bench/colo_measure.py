@@ -31,6 +31,11 @@ compare's counters (dropped at a full queue, checkpoints by reason).
 checkpoints' pages go over that many connections (--colo-channels), their
 pause mean and p99 for --seconds under the load.
 
+--transports tcp,tls (the default): for each, --runs pairs on loopback
+TCP, plain and TLS (`--tls-cert/--tls-key/--tls-ca`, certificates made by
+resources/tls-certs.sh): the initial sync and the checkpoint pause, and
+their ratio (the cost of TLS).
+
 --hosts-runs N (default: --runs) adds pairs on two simulated hosts with an
 etcd lease (TTL --lease-ttl-s) as arbiter, host A cut off: the takeover and
 the first client reply after the cut (colo_hosts.py).
@@ -58,6 +63,9 @@ import snapshot_measure as sm
 from migrate_measure import Bridge, GUEST, MAC, PREFIX, unlink
 from migrate_probe import Pinger
 from snapshot_measure import Console, kill, log, spawn, tail
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tap(i):
@@ -104,18 +112,33 @@ def wait(what, limit, done):
         time.sleep(0.02)
 
 
+def make_pki(tmp):
+    """A CA and a certificate naming 127.0.0.1 (resources/tls-certs.sh): the
+    tandem options that use it."""
+    d = os.path.join(tmp, "pki")
+    subprocess.run([os.path.join(REPO, "resources", "tls-certs.sh"), d, "127.0.0.1"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return ["--tls-cert", os.path.join(d, "host.pem"), "--tls-key", os.path.join(d, "host.key"),
+            "--tls-ca", os.path.join(d, "ca.pem")]
+
+
 class Pair:
     """A primary restored from the snapshot and a secondary waiting for it
-    (`start` makes them a pair); both killed by `close`."""
+    (`start` makes them a pair); both killed by `close`. `transport`: the
+    pair's streams on a Unix socket ("unix"), or on loopback TCP, plain
+    ("tcp") or TLS ("tls", with `tls` the tandem options)."""
 
-    def __init__(self, args, snap, tmp, n):
+    def __init__(self, args, snap, tmp, n, transport="unix", tls=()):
         self.args, self.err = args, os.path.join(tmp, f"run{n}")
         self.api_p, self.api_s = os.path.join(tmp, f"p{n}.api"), os.path.join(tmp, f"s{n}.api")
         self.sock = os.path.join(tmp, f"colo{n}.sock")
+        self.addr = (f"unix:{self.sock}" if transport == "unix"
+                     else f"tcp:127.0.0.1:{7800 + n % 100}")
+        self.sec = list(tls) if transport == "tls" else []
         self.lease = os.path.join(tmp, f"colo{n}.lock")
         self.procs = []
         self.p = spawn([args.tandem, "run", "--restore", snap, "--api-sock", self.api_p,
-                        "--net", f"tap={tap(0)},mac={MAC}"], self.err + ".p")
+                        "--net", f"tap={tap(0)},mac={MAC}", *self.sec], self.err + ".p")
         self.procs.append(self.p)
         con = Console(self.p)
         con.wait_for(con.send("true"), args.cmd_timeout)
@@ -123,13 +146,13 @@ class Pair:
     def start(self, *extra):
         args = self.args
         s = spawn([args.tandem, "run", "--colo", "secondary", "--colo-listen",
-                   f"unix:{self.sock}", "--colo-lease", self.lease, "--mem", f"{args.mem}M",
-                   "--api-sock", self.api_s, "--net", f"tap={tap(1)},mac={MAC}"],
+                   self.addr, "--colo-lease", self.lease, "--mem", f"{args.mem}M",
+                   "--api-sock", self.api_s, "--net", f"tap={tap(1)},mac={MAC}", *self.sec],
                   self.err + ".s")
         self.procs.append(s)
         wait("the secondary listens", 60,
              lambda: "waiting for a migration" in tail(self.err + ".s", 50))
-        a = ctl(args, self.api_p, "colo-start", f"unix:{self.sock}", "--lease", self.lease,
+        a = ctl(args, self.api_p, "colo-start", self.addr, "--lease", self.lease,
                 "--checkpoint-period-ms", str(args.period_ms),
                 "--heartbeat-ms", str(args.heartbeat_ms),
                 "--heartbeat-timeout-ms", str(args.timeout_ms), *extra)
@@ -225,23 +248,51 @@ def queue_run(args, snap, tmp, n, policy):
         pair.close()
 
 
-def channel_run(args, snap, tmp, n, channels):
+def channel_run(args, snap, tmp, n, channels, transport="unix", tls=()):
     """A pair whose checkpoints' pages go over `channels` connections, for
-    --seconds under the load: the pause (mean, p50, p99, max) and bytes."""
-    pair = Pair(args, snap, tmp, n)
+    --seconds under the load: the initial sync, the pause (mean, p50, p99,
+    max) and bytes."""
+    pair = Pair(args, snap, tmp, n, transport, tls)
     try:
         pair.start("--colo-channels", str(channels))
         time.sleep(args.seconds)
         st = pair.status()
+        if st.get("transport") != ("tls" if transport == "tls" else "plain"):
+            raise RuntimeError(f"{transport} pair reports {st.get('transport')}")
         pauses = sorted(st["recent_pauses_ms"])
         c = st["checkpoints"]
-        return {"channels": channels, "checkpoints": c["total"],
+        return {"channels": channels, "transport": transport, "checkpoints": c["total"],
+                "sync_ms": (st.get("sync") or {}).get("total_ms"),
                 "pause_mean_ms": c["mean_pause_ms"],
                 "pause_p50_ms": pauses[len(pauses) // 2],
                 "pause_p99_ms": pauses[min(len(pauses) - 1, int(len(pauses) * 0.99))],
                 "pause_max_ms": c["max_pause_ms"], "mean_kib": c["mean_bytes"] / 1024.0}
     finally:
         pair.close()
+
+
+def transport_lines(trans):
+    """The cost of TLS: the pair on loopback TCP, plain against TLS."""
+    if not trans:
+        return []
+    out = ["  streams on loopback TCP, plain vs TLS (the cost of TLS), min/median of runs:"]
+    by = {}
+    for t in trans:
+        by.setdefault(t["transport"], []).append(t)
+    med = {}
+    for kind, rs in by.items():
+        cells = []
+        for key in ("sync_ms", "pause_mean_ms", "pause_p99_ms", "pause_max_ms", "mean_kib"):
+            v = [r[key] for r in rs if r.get(key) is not None]
+            if v:
+                med[(kind, key)] = statistics.median(v)
+                cells.append(f"{key} {min(v):.1f}/{statistics.median(v):.1f}")
+        out.append(f"    {kind}, {len(rs)} run(s): " + ", ".join(cells))
+    for key in ("sync_ms", "pause_mean_ms", "pause_p99_ms"):
+        a, b = med.get(("tcp", key)), med.get(("tls", key))
+        if a and b:
+            out.append(f"    TLS/plain {key} (medians): {b:.1f}/{a:.1f} = {b / a:.2f}x")
+    return out
 
 
 FIGURES = [("checkpoints", "{:.0f}"), ("per_min", "{:.1f}"), ("pause_mean_ms", "{:.1f}"),
@@ -256,7 +307,7 @@ FIGURES = [("checkpoints", "{:.0f}"), ("per_min", "{:.1f}"), ("pause_mean_ms", "
            ("alone_ping_loss_pct", "{:.1f}"), ("pair_ping_loss_pct", "{:.1f}")]
 
 
-def report(args, runs, failures, queues, qemu, hosts, chans):
+def report(args, runs, failures, queues, qemu, hosts, chans, trans):
     print(f"COLO benchmark: {args.mem} MiB guest, 1 vCPU, tandem-dirty {args.dirty_mib} MiB at "
           f"{args.dirty_rate} MiB/s, checkpoint every {args.period_ms} ms, heartbeat "
           f"{args.heartbeat_ms}/{args.timeout_ms} ms, {args.seconds:.0f} s per run, "
@@ -300,6 +351,8 @@ def report(args, runs, failures, queues, qemu, hosts, chans):
             v = [r[key] for r in rs]
             cells.append(f"{key} {min(v):.1f}/{statistics.median(v):.1f}")
         print(f"    {k} channel(s), {len(rs)} run(s): " + ", ".join(cells))
+    for line in transport_lines(trans):
+        print(line)
     lines, host_figs = colo_hosts.report(args, *hosts) if args.hosts_runs else (
         ["two hosts: not run (--hosts-runs 0)"], {})
     for line in lines:
@@ -312,7 +365,7 @@ def report(args, runs, failures, queues, qemu, hosts, chans):
                           for k, v in qemu.items()))
     print(json.dumps({"bench": "colo", "mem_mib": args.mem, "period_ms": args.period_ms,
                       "runs": runs, "queues": queues, "qemu": qemu, "failures": failures,
-                      "two_hosts": host_figs, "channels": chans}))
+                      "two_hosts": host_figs, "channels": chans, "transports": trans}))
 
 
 def parse_args():
@@ -340,6 +393,9 @@ def parse_args():
     ap.add_argument("--lease-ttl-s", type=int, default=3, help="the two-host lease's TTL")
     ap.add_argument("--channels", default="1,2,4",
                     help="page channel counts to measure (a pair each, --runs times); '' none")
+    ap.add_argument("--transports", default="tcp,tls",
+                    help="the pair's streams on loopback TCP, plain and TLS, compared "
+                         "(--runs pairs each, 1 channel); '' none")
     ap.add_argument("--qemu", default="qemu-system-x86_64")
     ap.add_argument("--tmpdir", default=None)
     ap.add_argument("--boot-timeout", type=float, default=1200)
@@ -364,7 +420,7 @@ def main():
     ns = None
     runs, failures, queues, qemu = [], [], [], None
     host_runs, host_failures = [], []
-    chans = []
+    chans, trans = [], []
     try:
         ns = Bridge(f"tandem-colobench-{os.getpid()}")
         ns.enter()
@@ -399,6 +455,18 @@ def main():
                     why = f"channels {count}: {type(e).__name__}: {e}"
                     failures.append(why)
                     log(why)
+        kinds = [t for t in args.transports.split(",") if t]
+        tls = make_pki(tmp) if "tls" in kinds else ()
+        for r in range(args.runs if kinds else 0):
+            for k, kind in enumerate(kinds):
+                try:
+                    c = channel_run(args, snap, tmp, 200 + r * len(kinds) + k, 1, kind, tls)
+                    trans.append(c)
+                    log(f"transport {kind}: {c}")
+                except Exception as e:  # report, do not hide
+                    why = f"transport {kind}: {type(e).__name__}: {e}"
+                    failures.append(why)
+                    log(why)
         for n in range(args.hosts_runs):
             try:
                 r = colo_hosts.one(args, snap, tmp, n, ns.name)
@@ -417,7 +485,7 @@ def main():
         if ns:
             ns.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    report(args, runs, failures, queues, qemu, (host_runs, host_failures), chans)
+    report(args, runs, failures, queues, qemu, (host_runs, host_failures), chans, trans)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ pub mod base;
 pub mod colo;
 pub mod hosts;
 pub mod netns;
+pub mod pki;
 pub mod stream;
 
 use std::io::{Read, Write};
@@ -218,6 +219,11 @@ impl TestVm {
     }
 
     /// The VMM's process id.
+    /// Whether the VMM process still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

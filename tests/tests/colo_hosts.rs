@@ -14,7 +14,8 @@
 //!   client receives no frame from A from the moment B serves; the stream
 //!   arrives whole at B. Links restored, A learns that it lost and ends
 //!   (status 1, one line saying who holds the lease).
-//! - only the replication link cut: A holds the lease and goes on alone;
+//!   The pair's streams run over TLS, each host with its own certificate.
+//! - only the replication link cut (plain TCP, `--insecure`): A holds the lease and goes on alone;
 //!   B waits for the lease past the TTL and never serves (the client
 //!   receives nothing from B's host, before or after the link is back);
 //!   the stream arrives whole at A.
@@ -24,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use tandem_tests::base::{device_args, disk_copy, scratch, BASE_MEM};
 use tandem_tests::colo::{status, wait_checkpoints, wait_until};
-use tandem_tests::hosts::{Hosts, Link, REP_B};
+use tandem_tests::hosts::{Hosts, Link, REP_A, REP_B};
+use tandem_tests::pki::Pki;
 use tandem_tests::stream::{Pace, Stream};
 use tandem_tests::{ctl, phase, tandem_bin, TestVm};
 
@@ -46,17 +48,29 @@ struct Pair {
     secondary: TestVm,
     secondary_api: PathBuf,
     stream: Option<Stream>,
+    /// Host A's and host B's certificates (one CA), with TLS.
+    _pki: Option<(Pki, Pki)>,
 }
 
 impl Pair {
-    fn new(tag: &str) -> Pair {
+    /// With `tls`, each host has its own certificate (B's naming its
+    /// replication address) and the pair's streams are TLS; without,
+    /// they are plain TCP, which needs `--insecure` on both.
+    fn new(tag: &str, tls: bool) -> Pair {
         let hosts = Hosts::new(tag);
+        let pki = tls.then(|| {
+            let a = Pki::new(&format!("{tag}-a"), &[REP_A]);
+            let b = Pki::signed_by(&a, &format!("{tag}-b"), &[REP_B]);
+            (a, b)
+        });
+        let (a_sec, b_sec) = match &pki {
+            Some((a, b)) => (a.args(), b.args()),
+            None => (vec!["--insecure".into()], vec!["--insecure".into()]),
+        };
         let primary_api = scratch(&format!("{tag}-p.api"));
-        let mut primary = TestVm::restore_base(
-            &hosts.a,
-            ["tap0", "tap1"],
-            &["--api-sock", primary_api.to_str().unwrap()],
-        );
+        let mut a_args = vec!["--api-sock", primary_api.to_str().unwrap()];
+        a_args.extend(a_sec.iter().map(String::as_str));
+        let mut primary = TestVm::restore_base(&hosts.a, ["tap0", "tap1"], &a_args);
         let secondary_api = scratch(&format!("{tag}-s.api"));
         let addr = format!("tcp:{REP_B}:7700");
         let image = disk_copy();
@@ -77,6 +91,7 @@ impl Pair {
         .map(String::from)
         .to_vec();
         args.extend(device_args(["tap0", "tap1"], &image));
+        args.extend(b_sec);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut secondary =
             TestVm::start_with(hosts.b.command(tandem_bin().to_str().unwrap()), &args);
@@ -107,6 +122,7 @@ impl Pair {
             secondary,
             secondary_api,
             stream: Some(stream),
+            _pki: pki,
         }
     }
 
@@ -121,10 +137,12 @@ impl Pair {
 
 #[test]
 fn a_host_cut_off_fences_and_the_other_takes_over_after_the_ttl() {
-    let mut pair = Pair::new("ch-a");
+    let mut pair = Pair::new("ch-a", true);
     let s = pair.state(true);
     phase(&format!("hosts a: protected: {}", s["lease"]));
     assert_eq!(s["lease"]["kind"], "etcd", "{s}");
+    assert_eq!(s["transport"], "tls", "{s}");
+    assert_eq!(pair.state(false)["transport"], "tls");
     assert_eq!(s["lease"]["held"], true, "{s}");
     assert!(
         s["lease"]["holder"]
@@ -228,7 +246,8 @@ fn a_host_cut_off_fences_and_the_other_takes_over_after_the_ttl() {
 
 #[test]
 fn a_cut_replication_link_leaves_the_lease_holder_serving_alone() {
-    let mut pair = Pair::new("ch-b");
+    let mut pair = Pair::new("ch-b", false);
+    assert_eq!(pair.state(true)["transport"], "plain");
     let from_b = pair.hosts.from_host(false);
     let stream = pair.stream.take().expect("the stream");
     pair.hosts.cut(Link::Replication);

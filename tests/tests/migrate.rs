@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use tandem_tests::base::{device_args, disk_copy, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
 use tandem_tests::netns::NetNs;
+use tandem_tests::pki::Pki;
 use tandem_tests::stream::{Pace, Stream};
 use tandem_tests::{ctl, phase, tandem_bin, TestVm};
 
@@ -58,6 +59,19 @@ fn destination(
     disk: &Path,
     mem: &str,
 ) -> TestVm {
+    destination_with(ns, incoming, api, taps, disk, mem, &[])
+}
+
+/// [`destination`], with `extra` options (e.g. TLS files).
+fn destination_with(
+    ns: &NetNs,
+    incoming: &str,
+    api: &Path,
+    taps: [&str; 2],
+    disk: &Path,
+    mem: &str,
+    extra: &[String],
+) -> TestVm {
     let mut args: Vec<String> = vec![
         "--incoming".into(),
         incoming.into(),
@@ -67,13 +81,14 @@ fn destination(
         api.display().to_string(),
     ];
     args.extend(device_args(taps, disk));
+    args.extend_from_slice(extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
+    let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
     // The line is on stderr (the console is the guest's, once it runs).
     let t = Instant::now();
     while !vm.stderr().contains("waiting for a migration on") {
         assert!(
-            t.elapsed() < CMD,
+            t.elapsed() < CMD && vm.running(),
             "the destination did not listen: {}",
             vm.stderr()
         );
@@ -115,16 +130,18 @@ fn migrate_cmd(ns: &NetNs, api: &Path, to: &str, opts: &[&str]) -> Command {
 /// guest restored there with an API socket, and the disk image every end
 /// uses (one at a time: it is handed over), removed with the source.
 fn source(tag: &str, bridged: &[&str]) -> (NetNs, PathBuf, PathBuf, TestVm) {
+    source_with(tag, bridged, &[])
+}
+
+/// [`source`], with `extra` options for `tandem run`.
+fn source_with(tag: &str, bridged: &[&str], extra: &[&str]) -> (NetNs, PathBuf, PathBuf, TestVm) {
     let api = scratch(&format!("{tag}-src.sock"));
     let ns = NetNs::new(tag);
     ns.add_bridge("br0", &format!("{HOST_IP0}/{PREFIX}"), bridged);
     let image = disk_copy();
-    let mut src = TestVm::restore_base_on(
-        &ns,
-        ["tap0", "tap1"],
-        &image,
-        &["--api-sock", api.to_str().unwrap()],
-    );
+    let mut args = vec!["--api-sock", api.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let mut src = TestVm::restore_base_on(&ns, ["tap0", "tap1"], &image, &args);
     src.remove_on_drop(image.clone());
     (ns, api, image, src)
 }
@@ -170,27 +187,37 @@ const IDLE: Pace = Pace {
 /// and the disk is handed over twice.
 #[test]
 fn an_idle_guest_moves_twice() {
-    let (ns, api, image, mut src) = source("migidle", &["tap0", "tap2", "tap4"]);
+    // Every tandem here has a TLS identity from one CA, naming 127.0.0.1.
+    let pki = Pki::new("migidle", &["127.0.0.1"]);
+    let tls = pki.args();
+    let tls_ref: Vec<&str> = tls.iter().map(String::as_str).collect();
+    let (ns, api, image, mut src) = source_with("migidle", &["tap0", "tap2", "tap4"], &tls_ref);
     write_file(&mut src);
     start_counting(&mut src);
     let sum = src.ok("sha256sum /tmp/m", CMD);
     phase("idle: prepared");
+    plain_off_host_refused();
 
-    // First move: inline, over TCP (loopback in the test's namespace).
+    // First move: inline, over TLS on TCP (loopback in the test's
+    // namespace), after peers without the right certificate are refused.
     let api1 = scratch("idle-1.api");
-    let mut first = destination(
+    let mut first = destination_with(
         &ns,
         "tcp:127.0.0.1:4421",
         &api1,
         ["tap2", "tap3"],
         &image,
         BASE_MEM,
+        &tls,
     );
+    intruders_refused(&ns, &pki, &mut first, "127.0.0.1:4421");
+    wrong_destination_refused(&ns, &api, &mut src, &image, &sum);
     let stream = Stream::start(&mut src, &ns, 5002, 12, IDLE);
     let (code, report) = migrate(&ns, &api, "tcp:127.0.0.1:4421", &["--mode", "inline"]);
     phase("idle: moved inline");
-    eprintln!("inline migration: {report}");
+    eprintln!("inline migration over TLS: {report}");
     assert_completed(code, &report);
+    assert!(first.stderr().contains("refused"), "{}", first.stderr());
     assert!(stream.running(), "the stream runs across the first move");
     check_report(&report, "inline");
     source_gone(&mut src, "migrated to tcp:127.0.0.1:4421");
@@ -220,6 +247,97 @@ fn an_idle_guest_moves_twice() {
     stream.check(&mut second);
     ping(&ns);
     phase("idle: the guest goes on after two moves");
+}
+
+/// Without a TLS identity, a listener off this host is refused at start
+/// (no guest is built), naming the options to give.
+fn plain_off_host_refused() {
+    let out =
+        tandem_tests::tandem_output(&["run", "--incoming", "tcp:0.0.0.0:4499", "--mem", BASE_MEM]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--tls-cert") && err.contains("--insecure"),
+        "{err}"
+    );
+}
+
+/// Peers of a TLS destination at `addr` without a certificate its CA
+/// signed: a plain TCP client writing a migration's first bytes, and a TLS
+/// client whose certificate another CA signed. Each is refused before a
+/// byte of VM state is read (the destination says so and still waits: its
+/// guest has not run), so the real source can come after them.
+fn intruders_refused(ns: &NetNs, pki: &Pki, dst: &mut TestVm, addr: &str) {
+    let (host, port) = addr.split_once(':').expect("HOST:PORT");
+    let mut plain = ns
+        .command("bash")
+        .args([
+            "-c",
+            &format!("exec 3<>/dev/tcp/{host}/{port}; printf 'a plain migration' >&3; sleep 1"),
+        ])
+        .spawn()
+        .expect("a plain TCP client");
+    let _ = plain.wait();
+    let alien = Pki::new("alien", &["127.0.0.1"]);
+    let out = ns
+        .command("bash")
+        .args([
+            "-c",
+            &format!(
+                "(echo intruder; sleep 1) | timeout 20 openssl s_client -quiet -connect {addr} \
+                 -cert {} -key {} -CAfile {} 2>&1",
+                alien.file("host.pem"),
+                alien.file("host.key"),
+                pki.file("ca.pem")
+            ),
+        ])
+        .output()
+        .expect("openssl s_client");
+    eprintln!(
+        "alien TLS client: {}",
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    let t = Instant::now();
+    while dst.stderr().matches("refused").count() < 2 {
+        assert!(t.elapsed() < CMD, "intruders not refused: {}", dst.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let err = dst.stderr();
+    assert!(err.contains("still waiting"), "{err}");
+    assert!(!err.contains("incoming migration:"), "{err}");
+    assert!(dst.running(), "{err}");
+    phase(&format!(
+        "idle: intruders refused: {}",
+        tandem_tests::tail(&err, 400)
+    ));
+}
+
+/// A destination whose certificate another CA signed: the source refuses
+/// it in the handshake, the migration fails, the guest runs on.
+fn wrong_destination_refused(ns: &NetNs, api: &Path, src: &mut TestVm, image: &Path, sum: &str) {
+    let alien = Pki::new("alien-dst", &["127.0.0.1"]);
+    let mut impostor = destination_with(
+        ns,
+        "tcp:127.0.0.1:4423",
+        &scratch("idle-impostor.api"),
+        ["tap4", "tap5"],
+        image,
+        BASE_MEM,
+        &alien.args(),
+    );
+    let (code, report) = migrate(ns, api, "tcp:127.0.0.1:4423", &[]);
+    eprintln!("to an impostor: {report}");
+    assert_ne!(code, 0, "{report}");
+    assert_eq!(report["phase"], "failed", "{report}");
+    assert!(
+        report["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("certificate")),
+        "{report}"
+    );
+    impostor.kill();
+    assert_eq!(src.ok("sha256sum /tmp/m", CMD), sum);
+    phase("idle: an impostor destination refused; the guest runs on");
 }
 
 /// Migrations that fail, each leaving the source's guest running.

@@ -139,6 +139,7 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         profiler,
         msr_indices,
         manifest,
+        transport: cfg.transport.clone(),
     })));
     let vm = Vm {
         handle,

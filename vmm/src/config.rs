@@ -392,6 +392,8 @@ pub struct VmConfig {
     pub api_sock: Option<PathBuf>,
     /// The guest profiler (`--guest-profile`, `--guest-symbols`).
     pub profile: ProfileConfig,
+    /// TLS or plain TCP for migration and COLO streams.
+    pub transport: crate::migrate::Transport,
 }
 
 /// What the guest profiler is given on the command line.

@@ -167,6 +167,10 @@ impl Control for VmControl {
         self.not_migrating()?;
         params.check().map_err(VmOpError::Migration)?;
         let to: Endpoint = to.parse().map_err(VmOpError::Migration)?;
+        self.vm
+            .transport()
+            .check(&to)
+            .map_err(VmOpError::Migration)?;
         if self.vm.ram().logging() {
             return Err(VmOpError::Migration(
                 "the dirty log is on (dirty-log stop first)".into(),
@@ -206,6 +210,10 @@ impl Control for VmControl {
         self.primary = None;
         self.not_migrating()?;
         check_pair(&params)?;
+        self.vm
+            .transport()
+            .check(&params.to)
+            .map_err(VmOpError::Colo)?;
         let primary = crate::colo::primary::Primary::start(self.vm.clone(), params, arbiter)
             .map_err(|e| VmOpError::Colo(format!("cannot start its thread: {e}")))?;
         self.vm.set_colo(primary.side().clone());
@@ -231,6 +239,10 @@ impl Control for VmControl {
             return Err(VmOpError::Migrating);
         }
         check_pair(&params)?;
+        self.vm
+            .transport()
+            .check(&params.to)
+            .map_err(VmOpError::Colo)?;
         side.request_reprotect(params);
         self.colo(ColoAsk::Status)
     }

@@ -425,7 +425,12 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let listener = match vmm::migrate::dest::listen(&from) {
+    let transport = match args.transport() {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let streams = transport.name(&from);
+    let listener = match vmm::migrate::dest::listen(&from, &transport) {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
@@ -440,6 +445,7 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
         metrics: args.metrics,
         api_sock: args.api_sock,
         profile,
+        transport,
     };
     let secondary = args.colo.is_some();
     let start = if secondary {
@@ -461,7 +467,7 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
             Ok(a) => a,
             Err(e) => return fail(e),
         };
-        let side = vmm::colo::secondary::side(&from, &arbiter);
+        let side = vmm::colo::secondary::side(&from, &arbiter, streams);
         vm.handle().set_colo(side.clone());
         Some(vmm::colo::secondary::then(side, arbiter))
     } else {
@@ -490,6 +496,10 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    let transport = match args.transport() {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
     let cfg = VmConfig {
         kernel,
         initrd,
@@ -501,6 +511,7 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
         metrics: args.metrics,
         api_sock: args.api_sock,
         profile,
+        transport,
     };
     finish(vmm::builder::run(&cfg))
 }
@@ -509,6 +520,10 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
 fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
     let profile = match args.profile(None) {
         Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let transport = match args.transport() {
+        Ok(t) => t,
         Err(e) => return fail(e),
     };
     let mut disks = args.disks;
@@ -531,6 +546,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         metrics: args.metrics,
         api_sock: args.api_sock,
         profile,
+        transport,
     };
     finish(vmm::builder::build(&cfg, Start::Restore(Box::new(snap))).and_then(|vm| vm.run()))
 }

@@ -112,6 +112,8 @@ pub(crate) struct Core {
     pause: Mutex<PauseState>,
     /// This VM's side of a COLO pair, if it is in one.
     colo: Mutex<Option<Arc<crate::colo::Side>>>,
+    /// How its migration and COLO streams cross the network.
+    transport: crate::migrate::Transport,
 }
 
 impl Core {
@@ -135,6 +137,7 @@ impl Core {
                 clock: None,
             }),
             colo: Mutex::new(None),
+            transport: parts.transport,
         }
     }
 }
@@ -151,6 +154,7 @@ pub(crate) struct CoreParts {
     pub profiler: Arc<Profiler>,
     pub msr_indices: Arc<Vec<u32>>,
     pub manifest: Manifest,
+    pub transport: crate::migrate::Transport,
 }
 
 /// A running VM as another thread drives it (cheap to clone).
@@ -456,6 +460,11 @@ impl VmHandle {
     /// Makes `side` this VM's side of a COLO pair.
     pub fn set_colo(&self, side: Arc<crate::colo::Side>) {
         *devices::bus::lock(&self.0.colo) = Some(side);
+    }
+
+    /// How this VM's migration and COLO streams cross the network.
+    pub fn transport(&self) -> &crate::migrate::Transport {
+        &self.0.transport
     }
 
     pub fn ram(&self) -> &Arc<GuestRam> {

@@ -30,20 +30,25 @@ use crate::memory::{DirtyBitmap, GuestRam};
 use crate::migrate::endpoint::{Conn, Listener};
 use crate::migrate::inline::Slicer;
 use crate::migrate::pages::{self, Sent, Stop};
-use crate::migrate::Endpoint;
+use crate::migrate::{Endpoint, Transport};
 
 /// Bitmap words (64 pages each) per run handed to one channel.
 const RUN_WORDS: usize = 8;
 
 /// The primary's channels to the secondary at `to` (none for `n` ≤ 1).
-pub fn open(to: &Endpoint, n: u16, timeout: Duration) -> Result<Vec<Conn>, ColoError> {
+pub fn open(
+    transport: &Transport,
+    to: &Endpoint,
+    n: u16,
+    timeout: Duration,
+) -> Result<Vec<Conn>, ColoError> {
     let mut out = Vec::new();
     if n <= 1 {
         return Ok(out);
     }
     for i in 0..n {
-        let mut c = to
-            .connect(timeout)
+        let mut c = transport
+            .connect(to, timeout)
             .map_err(|e| ColoError::Refused(format!("page channel {i} to {to}: {e}")))?;
         c.set_timeouts(timeout).map_err(ColoError::Stream)?;
         protocol::write_message(

@@ -135,6 +135,8 @@ pub struct Report {
     pub peer: String,
     /// The arbiter, as given.
     pub arbiter: String,
+    /// The pair's streams: "tls" or "plain".
+    pub transport: &'static str,
     /// The arbiter now: kind, holder, TTL left (after the pair started).
     pub lease: Option<replication::arbiter::ArbiterInfo>,
     /// The last committed checkpoint.
@@ -174,12 +176,13 @@ pub struct Report {
 
 impl Report {
     /// A side's report before its pair started.
-    fn new(role: Role, peer: String, arbiter: String) -> Report {
+    fn new(role: Role, peer: String, arbiter: String, transport: &'static str) -> Report {
         Report {
             role,
             state: State::Syncing,
             peer,
             arbiter,
+            transport,
             lease: None,
             epoch: 0,
             last_heartbeat_age_ms: None,
@@ -243,12 +246,13 @@ impl Side {
     fn renew(&self, params: &Params) {
         self.update(|r| {
             let arbiter = std::mem::take(&mut r.arbiter);
+            let transport = r.transport;
             *r = Report {
                 channels: params.channels,
                 heartbeat_ms: params.heartbeat_ms,
                 heartbeat_timeout_ms: params.heartbeat_timeout_ms,
                 checkpoint_period_ms: Some(params.checkpoint_period_ms),
-                ..Report::new(Role::Primary, params.to.to_string(), arbiter)
+                ..Report::new(Role::Primary, params.to.to_string(), arbiter, transport)
             };
         });
     }

@@ -75,7 +75,12 @@ impl Primary {
             heartbeat_ms: params.heartbeat_ms,
             heartbeat_timeout_ms: params.heartbeat_timeout_ms,
             checkpoint_period_ms: Some(params.checkpoint_period_ms),
-            ..Report::new(Role::Primary, params.to.to_string(), arbiter.to_string())
+            ..Report::new(
+                Role::Primary,
+                params.to.to_string(),
+                arbiter.to_string(),
+                vm.transport().name(&params.to),
+            )
         }));
         let s = side.clone();
         let thread = std::thread::Builder::new()
@@ -160,10 +165,9 @@ pub fn protect(
     let fence = Fence::new(lease.gate());
     let synced = sync(vm, params, side).and_then(|c| {
         let proxy = start_proxy(vm, params, side_arc.clone(), fence.clone());
-        let channels = proxy
-            .as_ref()
-            .ok()
-            .map(|_| super::channels::open(&params.to, params.channels, COMMIT_WAIT));
+        let channels = proxy.as_ref().ok().map(|_| {
+            super::channels::open(vm.transport(), &params.to, params.channels, COMMIT_WAIT)
+        });
         match (proxy, channels) {
             (Ok(p), Some(Ok(ch))) => Ok((c, p, ch)),
             (Err(e), _) | (Ok(_), Some(Err(e))) => {
@@ -455,9 +459,9 @@ fn start_proxy(
     side: Arc<Side>,
     fence: Fence,
 ) -> Result<Proxy, ColoError> {
-    let mut link = params
-        .to
-        .connect(PROXY_WAIT)
+    let mut link = vm
+        .transport()
+        .connect(&params.to, PROXY_WAIT)
         .map_err(|e| ColoError::Refused(format!("network link to {}: {e}", params.to)))?;
     protocol::write_message(
         &mut link,

@@ -52,11 +52,12 @@ const ASK_EVERY: Duration = Duration::from_millis(500);
 
 /// The secondary's side before the primary connects (what `colo_status`
 /// shows while it waits).
-pub fn side(from: &Endpoint, arbiter: &ArbiterSpec) -> Arc<Side> {
+pub fn side(from: &Endpoint, arbiter: &ArbiterSpec, transport: &'static str) -> Arc<Side> {
     Arc::new(Side::new(Report::new(
         Role::Secondary,
         from.to_string(),
         arbiter.to_string(),
+        transport,
     )))
 }
 

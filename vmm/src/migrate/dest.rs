@@ -20,6 +20,7 @@ use devices::GuestMemoryMmap;
 use migration::Manifest;
 
 use super::endpoint::{Conn, Endpoint, Listener};
+use super::transport::Transport;
 use super::MigrateError;
 use crate::boot::layout;
 use crate::exit::VmExit;
@@ -32,8 +33,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Binds `from` (so a bad address is a start-up error) and returns what
 /// [`spawn`] waits on.
-pub fn listen(from: &Endpoint) -> Result<Listener, MigrateError> {
-    from.listen()
+pub fn listen(from: &Endpoint, transport: &Transport) -> Result<Listener, MigrateError> {
+    transport
+        .listen(from)
         .map_err(|e| MigrateError::Listen(from.to_string(), e))
 }
 
@@ -78,10 +80,25 @@ pub fn spawn_then(
         .map(drop)
 }
 
+/// The first connection let in: one refused (no certificate the CA
+/// signed, or from another address than the peer's) is said on stderr and
+/// the wait goes on, so whoever reaches the port first cannot end it.
+fn admit_source(listener: &Listener) -> Result<Conn, MigrateError> {
+    loop {
+        match listener.accept() {
+            Ok(conn) => return Ok(conn),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                eprintln!("tandem: incoming: {e}; still waiting");
+            }
+            Err(e) => return Err(MigrateError::Stream(e)),
+        }
+    }
+}
+
 /// The whole receive, up to the guest running here; returns the pages
 /// written and the stream.
 fn receive(vm: &VmHandle, listener: &Listener) -> Result<(u64, Conn), MigrateError> {
-    let mut conn = listener.accept().map_err(MigrateError::Stream)?;
+    let mut conn = admit_source(listener)?;
     conn.set_timeouts(IO_TIMEOUT)
         .map_err(MigrateError::Stream)?;
     let (state, pages) = receive_guest(&mut conn, vm.manifest(), vm.memory())?;

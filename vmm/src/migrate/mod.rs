@@ -16,10 +16,12 @@ pub mod source;
 pub mod status;
 pub mod tls;
 mod tls_pump;
+pub mod transport;
 
 pub use endpoint::Endpoint;
 pub use source::{Ended, Migration};
 pub use status::{Mode, Params, Phase, Status};
+pub use transport::Transport;
 
 use migration::protocol::ProtocolError;
 

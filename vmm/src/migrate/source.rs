@@ -290,8 +290,10 @@ impl<'a> Run<'a> {
     /// The whole migration, up to and including `Go`; returns the stream
     /// (COLO's goes on).
     fn go(&mut self, to: &Endpoint) -> Result<Conn, MigrateError> {
-        let mut conn = to
-            .connect(IO_TIMEOUT)
+        let mut conn = self
+            .vm
+            .transport()
+            .connect(to, IO_TIMEOUT)
             .map_err(|e| MigrateError::Connect(to.to_string(), e))?;
         conn.set_timeouts(IO_TIMEOUT)
             .map_err(MigrateError::Stream)?;

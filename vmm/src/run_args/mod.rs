@@ -70,6 +70,10 @@ pub enum RunArgsError {
     HzWithoutProfile,
     #[error("--guest-symbols: {0}")]
     Symbols(#[source] SymbolsError),
+    #[error("--tls-cert, --tls-key and --tls-ca go together, and not with --insecure")]
+    TlsPartial,
+    #[error("TLS: {0}")]
+    Tls(#[source] crate::migrate::tls::TlsError),
 }
 
 /// What `tandem run` is given (see `tandem run --help`).
@@ -247,6 +251,32 @@ pub struct RunArgs {
     /// give its System.map); needed for --restore.
     #[arg(long, value_name = "FILE")]
     pub guest_symbols: Option<PathBuf>,
+    /// This host's certificate chain (PEM, its own first) for migration
+    /// and COLO streams. With --tls-key and --tls-ca, every tcp: stream
+    /// this VMM accepts (--incoming, --colo-listen) or opens (ctl migrate,
+    /// colo-start, colo-reprotect) is TLS with a certificate on both ends:
+    /// the peer's must be signed by --tls-ca (and, for the side that
+    /// connects, name the address it dialled), or the connection is
+    /// refused before a byte of VM state is read. Without them, a tcp:
+    /// address off this host is refused unless --insecure is given.
+    #[arg(long, value_name = "PEM", requires_all = ["tls_key", "tls_ca"])]
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_cert", "tls_ca"])]
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signs the peers' certificates; sign only this
+    /// deployment's hosts with it.
+    #[arg(long, value_name = "PEM", requires_all = ["tls_cert", "tls_key"])]
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// Allow migration and COLO streams in plain TCP to and from addresses
+    /// off this host (anyone who reaches the port can then hand this VMM a
+    /// guest, or read this one's memory).
+    #[arg(long, conflicts_with = "tls_cert")]
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 impl RunArgs {
@@ -328,7 +358,29 @@ impl RunArgs {
             guest_profile: self.guest_profile.or(file.guest_profile),
             guest_profile_hz: self.guest_profile_hz.or(file.guest_profile_hz),
             guest_symbols: self.guest_symbols.or(file.guest_symbols),
+            tls_cert: self.tls_cert.or(file.tls_cert),
+            tls_key: self.tls_key.or(file.tls_key),
+            tls_ca: self.tls_ca.or(file.tls_ca),
+            insecure: self.insecure || file.insecure,
         })
+    }
+
+    /// The streams' security: the TLS files loaded (all three or none),
+    /// or plain TCP, off this host only with --insecure.
+    pub fn transport(&self) -> Result<crate::migrate::Transport, RunArgsError> {
+        let files = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => Some(crate::migrate::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }),
+            _ => return Err(RunArgsError::TlsPartial),
+        };
+        if files.is_some() && self.insecure {
+            return Err(RunArgsError::TlsPartial);
+        }
+        crate::migrate::Transport::new(files.as_ref(), self.insecure).map_err(RunArgsError::Tls)
     }
 
     /// The profiler's settings; an unreadable --guest-symbols is an error.
