@@ -94,7 +94,8 @@ class Hosts:
              "--listen-peer-urls", "http://127.0.0.1:2380",
              "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
              "--initial-cluster", "bench=http://127.0.0.1:2380", "--log-level", "warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)  # its own group: kill() signals the group
         end = time.monotonic() + 30
         while subprocess.run(["ip", "netns", "exec", self.ns["e"], "etcdctl", "--endpoints",
                               urls, "endpoint", "health"], stdout=subprocess.DEVNULL,

@@ -398,6 +398,7 @@ impl Pair<'_> {
             forward,
             layout: &self.layout,
             timeout: self.timeout,
+            fence: &self.fence,
         };
         let sent = Instant::now();
         match checkpoint(self.vm, to, epoch, &on_commit) {
@@ -508,6 +509,28 @@ fn heartbeat(conn: &mut Conn) -> Result<Instant, ColoError> {
     Ok(sent)
 }
 
+/// How often a wait for `Committed` looks at the output gate.
+const GATE_LOOK: Duration = Duration::from_millis(50);
+
+/// Waits (at most [`COMMIT_WAIT`]) until the secondary's answer starts to
+/// arrive; gives up as soon as this side's output gate closes: the lease
+/// not renewed and the peer not heard in time, the side must fence now,
+/// not when the wait ends (a cut link otherwise held it here 10 s).
+fn await_answer(conn: &Conn, fence: &Fence) -> Result<(), ColoError> {
+    let end = Instant::now() + COMMIT_WAIT;
+    while !conn.readable_within(GATE_LOOK).map_err(ColoError::Stream)? {
+        if !fence.open() {
+            return Err(ColoError::Refused(
+                "no Committed before this side's output gate closed".into(),
+            ));
+        }
+        if Instant::now() >= end {
+            return Err(ColoError::Stream(std::io::ErrorKind::TimedOut.into()));
+        }
+    }
+    Ok(())
+}
+
 /// What one checkpoint took.
 struct Done {
     pause: Duration,
@@ -526,6 +549,9 @@ struct Target<'a> {
     layout: &'a [(u64, u64)],
     /// The stream's timeout after the checkpoint (the heartbeat's).
     timeout: Duration,
+    /// This side's output gate: once it closes, the commit is not waited
+    /// for (the side must fence instead).
+    fence: &'a Fence,
 }
 
 /// One checkpoint (see the module doc); the guest is resumed whatever
@@ -549,7 +575,8 @@ fn checkpoint(
     }
     // Paused, the device thread parked: every write is complete.
     let sent = to.forward.send(conn, u64::MAX).and_then(|disk| {
-        send_checkpoint(vm, conn, to.channels, &spans, to.timeout).map(|(b, t)| (b + disk, t))
+        send_checkpoint(vm, conn, to.channels, &spans, to.timeout, to.fence)
+            .map(|(b, t)| (b + disk, t))
     });
     if sent.is_ok() {
         // Both guests paused: the proxy settles the frames of before.
@@ -573,6 +600,7 @@ fn send_checkpoint(
     channels: &mut [Conn],
     spans: &[migration::protocol::colo::Span],
     timeout: Duration,
+    fence: &Fence,
 ) -> Result<(u64, u64), ColoError> {
     let ram = vm.ram();
     let mut pages = ram.dirty_pages()?;
@@ -598,6 +626,7 @@ fn send_checkpoint(
     let bytes = page_bytes + image.len() as u64;
     protocol::write_message(conn, &Message::State(image))?;
     protocol::write_message(conn, &Message::Commit)?;
+    await_answer(conn, fence)?;
     conn.set_timeouts(COMMIT_WAIT).map_err(ColoError::Stream)?;
     let committed = protocol::expect(conn, Command::Committed);
     conn.set_timeouts(timeout).map_err(ColoError::Stream)?;

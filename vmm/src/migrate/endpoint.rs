@@ -112,6 +112,32 @@ impl Conn {
         }
     }
 
+    /// Whether a read would not block within `wait`: bytes, end of stream
+    /// or an error are there.
+    pub fn readable_within(&self, wait: Duration) -> io::Result<bool> {
+        let mut p = libc::pollfd {
+            fd: self.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(wait.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd for the length given; the descriptor
+        // is this stream's, open while `self` lives.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        match r {
+            r if r < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
+            }
+            0 => Ok(false),
+            _ => Ok(p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0),
+        }
+    }
+
     /// Ends both directions (wakes a read blocked on the other side).
     pub fn shutdown(&self) {
         let _ = match self {
