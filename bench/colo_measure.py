@@ -14,7 +14,7 @@ secondary`, its NIC on another tap on the bridge), `colo-start` with
 of the checkpoints so far (p50, p99, max: colo-status' recent_pauses_ms),
 bytes and the secondary's pages per checkpoint, checkpoints per minute;
 then, pinging the guest every --ping-ms, the primary is killed and the
-failover time is the first reply after it. Min/median of --runs runs and
+failover time is the first reply to a ping sent after it. Min/median of --runs runs and
 the issue's targets (pause p99 <= 30 ms; failover <= 100 ms + the
 heartbeat timeout; throughput through the pair >= 60% of alone), and a
 JSON line.
