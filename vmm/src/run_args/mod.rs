@@ -255,9 +255,9 @@ pub struct RunArgs {
     /// and COLO streams. With --tls-key and --tls-ca, every tcp: stream
     /// this VMM accepts (--incoming, --colo-listen) or opens (ctl migrate,
     /// colo-start, colo-reprotect) is TLS with a certificate on both ends:
-    /// the peer's must be signed by --tls-ca (and, for the side that
-    /// connects, name the address it dialled), or the connection is
-    /// refused before a byte of VM state is read. Without them, a tcp:
+    /// the peer's must be signed by --tls-ca (and the listener's must name
+    /// the address the other side dialled), or the connection is refused
+    /// before a byte of VM state is read. Without them, a tcp:
     /// address off this host is refused unless --insecure is given.
     #[arg(long, value_name = "PEM", requires_all = ["tls_key", "tls_ca"])]
     #[serde(default)]
