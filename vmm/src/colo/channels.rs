@@ -124,20 +124,24 @@ pub fn send(
                     .spawn_scoped(s, move || send_share(ram, conn, &share))
             })
             .collect();
-        threads
-            .into_iter()
-            .map(|t| match t {
-                Ok(h) => h
-                    .join()
-                    .unwrap_or_else(|_| Err(ColoError::Refused("a page thread panicked".into()))),
-                Err(e) => Err(ColoError::Stream(e)),
-            })
-            .collect()
+        joined(threads)
     });
     results.into_iter().sum()
 }
 
 fn send_share(ram: &GuestRam, conn: &mut Conn, share: &[DirtyBitmap]) -> Result<u64, ColoError> {
+    let bytes = send_pages(ram, conn, share)?;
+    protocol::write_message(conn, &Message::Commit)?;
+    Ok(bytes)
+}
+
+/// The pages set in `dirty`, on `conn`, at full speed (a checkpoint is
+/// neither capped nor cancelled); the bytes sent.
+pub fn send_pages(
+    ram: &GuestRam,
+    conn: &mut Conn,
+    dirty: &[DirtyBitmap],
+) -> Result<u64, ColoError> {
     let mut sent = Sent::default();
     let never = AtomicBool::new(false);
     let slicer = Slicer::thread();
@@ -148,9 +152,24 @@ fn send_share(ram: &GuestRam, conn: &mut Conn, share: &[DirtyBitmap]) -> Result<
         slicer: &slicer,
     };
     let uncapped = crate::migrate::Params::default();
-    pages::send_dirty(ram, conn, share, &uncapped, &mut sent, &stop)?;
-    protocol::write_message(conn, &Message::Commit)?;
+    pages::send_dirty(ram, conn, dirty, &uncapped, &mut sent, &stop)?;
     Ok(sent.bytes())
+}
+
+/// Every scoped page thread's result (one that could not start or that
+/// panicked is an error).
+fn joined<T>(
+    threads: Vec<std::io::Result<std::thread::ScopedJoinHandle<'_, Result<T, ColoError>>>>,
+) -> Vec<Result<T, ColoError>> {
+    threads
+        .into_iter()
+        .map(|t| match t {
+            Ok(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(ColoError::Refused("a page thread panicked".into()))),
+            Err(e) => Err(ColoError::Stream(e)),
+        })
+        .collect()
 }
 
 /// The secondary: each channel's share of a checkpoint, read at once, each
@@ -172,15 +191,7 @@ pub fn receive(
                     .spawn_scoped(s, move || receive_share(conn, layout, limit, count))
             })
             .collect();
-        threads
-            .into_iter()
-            .map(|t| match t {
-                Ok(h) => h
-                    .join()
-                    .unwrap_or_else(|_| Err(ColoError::Refused("a page thread panicked".into()))),
-                Err(e) => Err(ColoError::Stream(e)),
-            })
-            .collect()
+        joined(threads)
     });
     let mut batches = Vec::new();
     for r in results {

@@ -24,7 +24,6 @@
 //! started. It takes no lock a vCPU or the device thread takes, except
 //! through the VM's own pause, capture and resume.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,8 +41,6 @@ use super::survivor::Survivor;
 use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Report, Side};
 use crate::boot::layout;
 use crate::migrate::endpoint::Conn;
-use crate::migrate::inline::Slicer;
-use crate::migrate::pages::{self, Sent, Stop};
 use crate::vm::VmHandle;
 use devices::virtio::net::datagram::Datagram;
 use devices::virtio::net::NetBackend;
@@ -606,18 +603,7 @@ fn send_checkpoint(
     let mut pages = ram.dirty_pages()?;
     let theirs = dirty::mark(&mut pages, spans);
     let page_bytes = if channels.is_empty() {
-        let mut sent = Sent::default();
-        let never = AtomicBool::new(false);
-        let slicer = Slicer::thread();
-        let stop = Stop {
-            cancel: &never,
-            progress: &|_| {},
-            until: None,
-            slicer: &slicer,
-        };
-        let uncapped = crate::migrate::Params::default();
-        pages::send_dirty(ram, conn, &pages, &uncapped, &mut sent, &stop)?;
-        sent.bytes()
+        super::channels::send_pages(ram, conn, &pages)?
     } else {
         super::channels::send(ram, channels, &pages)?
     };
