@@ -414,6 +414,15 @@ impl TestVm {
 
 impl Drop for TestVm {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A failed test: what this VM's guest and VMM said last.
+            eprintln!(
+                "--- VMM pid {}: console (last 1500 bytes):\n{}\n--- its stderr (last 1500 bytes):\n{}\n---",
+                self.child.id(),
+                tail(&self.console(), 1500),
+                tail(&self.stderr(), 1500)
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         for f in &self.scratch {
