@@ -411,6 +411,19 @@ def parse_args():
     return args
 
 
+def measured(what, into, failures, run):
+    """`run()`'s figures into `into`, logged; a failure is reported in
+    `failures` (and the log), never hidden."""
+    try:
+        got = run()
+        into.append(got)
+        log(f"{what}: {got}")
+    except Exception as e:  # report, do not hide
+        why = f"{what}: {type(e).__name__}: {e}"
+        failures.append(why)
+        log(why)
+
+
 def main():
     args = parse_args()
 
@@ -438,37 +451,20 @@ def main():
                 failures.append(why)
                 log(why)
         for k, policy in enumerate(p for p in args.queue_policies.split(",") if p):
-            try:
-                q = queue_run(args, snap, tmp, args.runs + k, policy)
-                queues.append(q)
-                log(f"queue {policy}: {q}")
-            except Exception as e:  # report, do not hide
-                why = f"queue {policy}: {type(e).__name__}: {e}"
-                failures.append(why)
-                log(why)
+            measured(f"queue {policy}", queues, failures,
+                     lambda: queue_run(args, snap, tmp, args.runs + k, policy))
         counts = [int(c) for c in args.channels.split(",") if c]
         for r in range(args.runs if counts else 0):
             for k, count in enumerate(counts):
-                try:
-                    c = channel_run(args, snap, tmp, 100 + r * len(counts) + k, count)
-                    chans.append(c)
-                    log(f"channels {count}: {c}")
-                except Exception as e:  # report, do not hide
-                    why = f"channels {count}: {type(e).__name__}: {e}"
-                    failures.append(why)
-                    log(why)
+                measured(f"channels {count}", chans, failures,
+                         lambda: channel_run(args, snap, tmp, 100 + r * len(counts) + k, count))
         kinds = [t for t in args.transports.split(",") if t]
         tls = make_pki(tmp) if "tls" in kinds else ()
         for r in range(args.runs if kinds else 0):
             for k, kind in enumerate(kinds):
-                try:
-                    c = channel_run(args, snap, tmp, 200 + r * len(kinds) + k, 1, kind, tls)
-                    trans.append(c)
-                    log(f"transport {kind}: {c}")
-                except Exception as e:  # report, do not hide
-                    why = f"transport {kind}: {type(e).__name__}: {e}"
-                    failures.append(why)
-                    log(why)
+                measured(f"transport {kind}", trans, failures,
+                         lambda: channel_run(args, snap, tmp, 200 + r * len(kinds) + k, 1, kind,
+                                             tls))
         for n in range(args.hosts_runs):
             try:
                 r = colo_hosts.one(args, snap, tmp, n, ns.name)
