@@ -89,6 +89,16 @@ fn serve(
     side: &Arc<Side>,
     arbiter: &ArbiterSpec,
 ) -> Result<(), ColoError> {
+    // The guest is still paused as the sync left it: from here on every
+    // page it writes is seen, and owed to the primary at the next
+    // checkpoint. (Had it run before, a page it wrote and the primary did
+    // not would keep this guest's version past every checkpoint.)
+    let ram = vm.ram();
+    ram.start_dirty_log()?;
+    // What the initial sync wrote is not the guest's own.
+    ram.dirty_pages()?;
+    ram.clear_all()?;
+    vm.resume()?;
     let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
         return Err(ColoError::Refused("no Protect".into()));
     };
@@ -113,12 +123,8 @@ fn serve(
         r.heartbeat_timeout_ms = t.timeout_ms;
         r.channels = t.channels;
     });
-    let ram = vm.ram();
-    ram.start_dirty_log()?;
-    // What the initial sync wrote is not the guest's own.
-    let mut owed = ram.dirty_pages()?;
-    ram.clear_all()?;
-    dirty::clear(&mut owed);
+    // What its guest wrote since it resumed: owed at the first checkpoint.
+    let owed = ram.dirty_pages()?;
     let mut fo = Failover::secondary(
         failover_config(t.heartbeat_ms, t.timeout_ms),
         Instant::now(),

@@ -51,7 +51,10 @@ pub fn spawn(vm: VmHandle, listener: Listener, from: Endpoint) -> std::io::Resul
 /// network link there).
 pub type Then = Box<dyn FnOnce(&VmHandle, Conn, &Listener) + Send>;
 
-/// [`spawn`], then `then` (instead of the self-announce) when given.
+/// [`spawn`], then `then` (instead of the self-announce) when given. With
+/// `then`, the guest is left paused: `then` resumes it (a COLO secondary
+/// starts its dirty log first, so that no write of its guest goes
+/// unseen).
 pub fn spawn_then(
     vm: VmHandle,
     listener: Listener,
@@ -62,7 +65,7 @@ pub fn spawn_then(
         .name("incoming".into())
         .spawn(move || {
             eprintln!("tandem: waiting for a migration on {from}");
-            match receive(&vm, &listener) {
+            match receive(&vm, &listener, then.is_none()) {
                 Ok((pages, conn)) => {
                     log::info!(
                         "migration from {from}: {pages} pages received; the guest runs here"
@@ -95,9 +98,9 @@ fn admit_source(listener: &Listener) -> Result<Conn, MigrateError> {
     }
 }
 
-/// The whole receive, up to the guest running here; returns the pages
-/// written and the stream.
-fn receive(vm: &VmHandle, listener: &Listener) -> Result<(u64, Conn), MigrateError> {
+/// The whole receive, up to the guest running here (or ready to, paused,
+/// unless `resume`); returns the pages written and the stream.
+fn receive(vm: &VmHandle, listener: &Listener, resume: bool) -> Result<(u64, Conn), MigrateError> {
     let mut conn = admit_source(listener)?;
     conn.set_timeouts(IO_TIMEOUT)
         .map_err(MigrateError::Stream)?;
@@ -113,7 +116,9 @@ fn receive(vm: &VmHandle, listener: &Listener) -> Result<(u64, Conn), MigrateErr
     }
     protocol::write_message(&mut conn, &Message::Ready)?;
     protocol::expect(&mut conn, Command::Go)?;
-    vm.resume()?;
+    if resume {
+        vm.resume()?;
+    }
     Ok((pages, conn))
 }
 
