@@ -67,9 +67,7 @@ pub fn spawn_then(
             eprintln!("tandem: waiting for a migration on {from}");
             match receive(&vm, &listener, then.is_none()) {
                 Ok((pages, conn)) => {
-                    log::info!(
-                        "migration from {from}: {pages} pages received; the guest runs here"
-                    );
+                    log::info!("migration from {from}: {pages} pages received; the guest is here");
                     match then {
                         Some(then) => then(&vm, conn, &listener),
                         None => announce(&vm),
