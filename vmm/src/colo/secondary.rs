@@ -95,7 +95,9 @@ fn serve(
     // not would keep this guest's version past every checkpoint.)
     let ram = vm.ram();
     ram.start_dirty_log()?;
-    // What the initial sync wrote is not the guest's own.
+    // Both logs start empty here; should the log have been on already (a
+    // `dirty-log start` from the API), what it holds is not the guest's
+    // own since the sync: drop it.
     ram.dirty_pages()?;
     ram.clear_all()?;
     vm.resume()?;
