@@ -14,10 +14,12 @@ fi
 # (ethtool: the RSC test and benchmark turn tap segmentation offloads off;
 # fonts-dejavu-core: the font of the migration jitter probe's plot;
 # etcd-server, etcd-client: the two-host COLO tests start their own etcd,
-# the arbiter, in a namespace).
+# the arbiter, in a namespace; protobuf-compiler: the etcd-client crate's
+# build compiles etcd's gRPC definitions with protoc, which needs the
+# well-known types of libprotobuf-dev).
 need=()
 for p in util-linux iproute2 coreutils iputils-ping ethtool fonts-dejavu-core \
-    etcd-server etcd-client; do
+    etcd-server etcd-client protobuf-compiler libprotobuf-dev; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
