@@ -14,7 +14,7 @@ use std::io::{Cursor, Read};
 use std::path::Path;
 
 use devices::GuestMemoryMmap;
-use migration::devices::{DeviceState, MmioTransportState, NetState, SerialState};
+use migration::devices::{DeviceState, MmioTransportState, NetState, RtcState, SerialState};
 use migration::format::SectionKind;
 use migration::kvm::KvmVcpuState;
 use migration::manifest::MmioSlot;
@@ -210,6 +210,14 @@ impl Snapshot {
         });
         w.write_state(&section::device("com1"), &serial)
             .expect("serial");
+        let mut cmos = vec![0u8; 128];
+        cmos[0x0b] = 0x02;
+        let rtc = DeviceState::Rtc(RtcState {
+            index: 0x0b,
+            ram: cmos,
+            offset_s: 3600,
+        });
+        w.write_state(&section::device("rtc"), &rtc).expect("rtc");
         for (c, s) in &self.devices {
             w.write_state(&section::device(c.id()), s).expect("device");
         }

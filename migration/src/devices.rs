@@ -1,5 +1,5 @@
-//! The state of tandem's emulated devices, as data: serial, virtio-mmio transport and
-//! queues, virtio-net, virtio-blk.
+//! The state of tandem's emulated devices, as data: serial, CMOS RTC, virtio-mmio
+//! transport and queues, virtio-net, virtio-blk.
 //!
 //! This module owns the serde shape of the `dev.<id>` state sections. Neither vm-superio's
 //! `SerialState` nor virtio-queue's `QueueState` implements serde, so they are mirrored
@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 pub enum DeviceState {
     /// The 16550 serial console.
     Serial(SerialState),
+    /// The CMOS real-time clock and its RAM.
+    Rtc(RtcState),
     /// A virtio-net device behind its virtio-mmio transport.
     VirtioNet {
         /// The transport's registers and queues.
@@ -84,6 +86,25 @@ impl From<&SerialState> for vm_superio::serial::SerialState {
             in_buffer: s.in_buffer.clone(),
         }
     }
+}
+
+/// The CMOS RTC: its 128 bytes of RAM, the index register, and where the guest set its
+/// clock relative to the host's wall clock. A restored RTC keeps counting from the
+/// host's clock of the restore, so a guest set to UTC reads the right time after any
+/// pause, restore or migration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RtcState {
+    /// The selected register (bits 0-6) and the NMI mask (bit 7), as last written to
+    /// port 0x70.
+    pub index: u8,
+    /// The CMOS RAM, 128 bytes (the time registers in it hold only what a guest wrote
+    /// while it had the clock stopped, `SET` in register B).
+    #[serde(with = "crate::hex")]
+    pub ram: Vec<u8>,
+    /// Seconds the guest's clock runs ahead of the host's wall clock (negative:
+    /// behind).
+    pub offset_s: i64,
 }
 
 /// The virtio-mmio (v2) transport's registers.

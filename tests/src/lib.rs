@@ -11,6 +11,7 @@ pub mod colo;
 pub mod hosts;
 pub mod netns;
 pub mod pki;
+pub mod rtc;
 pub mod stream;
 
 use std::io::{Read, Write};

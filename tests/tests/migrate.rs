@@ -23,7 +23,8 @@
 //! Beside it (the other test thread, its own namespace), an idle guest
 //! moves twice: in `--mode inline` over TCP, then on from that destination
 //! to a third tandem in the default thread mode, with a TCP stream running
-//! across both moves and the disk handed over twice.
+//! across both moves, the disk handed over twice, and the CMOS RTC the
+//! guest set a day ahead still a day ahead at the end (its state moved).
 
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
@@ -35,6 +36,7 @@ use std::time::{Duration, Instant};
 use tandem_tests::base::{device_args, disk_copy, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
 use tandem_tests::netns::NetNs;
 use tandem_tests::pki::Pki;
+use tandem_tests::rtc;
 use tandem_tests::stream::{Pace, Stream};
 use tandem_tests::{ctl, phase, tandem_bin, TestVm};
 
@@ -179,12 +181,17 @@ const IDLE: Pace = Pace {
     every: Duration::from_millis(400),
 };
 
-/// An idle guest (a file in memory, the counting loop, nothing dirtying)
+/// Where the idle guest sets its CMOS RTC before it moves: a day ahead.
+const RTC_AHEAD_S: i64 = 86_400;
+
+/// An idle guest (a file in memory, the counting loop, its RTC set a day
+/// ahead, nothing dirtying)
 /// moves in `--mode inline` over TCP, then on from that destination to a
 /// third tandem in thread mode over a Unix socket: each move completes,
 /// each VMM it left exits 0, and the guest goes on at each destination;
 /// a TCP stream started before the first move arrives whole at the last,
-/// and the disk is handed over twice.
+/// the RTC is still a day ahead of the host's clock there, and the disk is
+/// handed over twice.
 #[test]
 fn an_idle_guest_moves_twice() {
     // Every tandem here has a TLS identity from one CA, naming 127.0.0.1.
@@ -194,6 +201,7 @@ fn an_idle_guest_moves_twice() {
     let (ns, api, image, mut src) = source_with("migidle", &["tap0", "tap2", "tap4"], &tls_ref);
     write_file(&mut src);
     start_counting(&mut src);
+    rtc::set_ahead(&mut src, RTC_AHEAD_S);
     let sum = src.ok("sha256sum /tmp/m", CMD);
     phase("idle: prepared");
     plain_off_host_refused();
@@ -244,6 +252,8 @@ fn an_idle_guest_moves_twice() {
     check_report(&report, "thread");
     source_gone(&mut first, "migrated to unix:");
     guest_goes_on(&mut second, &sum);
+    let ahead = RTC_AHEAD_S as f64;
+    rtc::assert_offset(&mut second, ahead - 3.0, ahead, "after two moves");
     stream.check(&mut second);
     ping(&ns);
     phase("idle: the guest goes on after two moves");

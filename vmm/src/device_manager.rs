@@ -1,6 +1,7 @@
 //! The VM's devices: where each one sits and how it is wired.
 //!
-//! Owns device placement (the legacy ports of COM1 and the i8042; one
+//! Owns device placement (the legacy ports of COM1, the i8042 and the CMOS
+//! RTC; one
 //! virtio-mmio window and IRQ per virtio device, NICs first, then disks, ids
 //! `net0`, `net1`, ..., `blk0`, ...), the guest command-line announcement of
 //! the virtio devices, the manifest's device list, and one path that adds a
@@ -19,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use devices::i8042::I8042;
+use devices::rtc::{MemorySizes, Rtc, RTC_PORT, RTC_PORTS};
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
 use devices::virtio::block::backend::DiskBackend;
 use devices::virtio::block::disk::DiskError;
@@ -57,9 +59,14 @@ const VIRTIO_IRQ_BASE: u32 = 5;
 const VIRTIO_IRQ_LAST: u32 = 23;
 /// The id of the serial console in the manifest and its section.
 pub const SERIAL_ID: &str = "com1";
+/// The id of the CMOS RTC's section (it is not in the manifest: every VM
+/// has one, like the PIT).
+pub const RTC_ID: &str = "rtc";
 
 /// The device event loop's subscribers.
 pub type Subscribers = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
+/// The CMOS RTC, as the VM has it.
+pub type RtcPort = Arc<Mutex<Rtc>>;
 /// The serial console, as the VM has it.
 pub type SerialPort = Arc<Mutex<Serial<ConsoleOut<io::Stdout>>>>;
 
@@ -102,6 +109,21 @@ pub enum DeviceError {
 
 fn eventfd() -> Result<EventFd, DeviceError> {
     EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)
+}
+
+/// How much of guest memory lies below and above 4 GiB (the RTC's
+/// memory-size bytes).
+fn memory_sizes(mem: &GuestMemoryMmap) -> MemorySizes {
+    use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
+    let mut sizes = MemorySizes::default();
+    for r in mem.iter() {
+        if r.start_addr().raw_value() < 1 << 32 {
+            sizes.below_4g += r.len();
+        } else {
+            sizes.above_4g += r.len();
+        }
+    }
+    sizes
 }
 
 /// Where virtio device `index` (NICs first, then disks) sits: its MMIO
@@ -361,6 +383,7 @@ pub struct DeviceManager {
     virtio: Vec<VirtioSlot>,
     serial: SerialPort,
     serial_irq: EventFd,
+    rtc: RtcPort,
     exit: Arc<ExitSignal>,
     mem: GuestMemoryMmap,
     vm: Arc<VmFd>,
@@ -380,6 +403,7 @@ pub struct Devices {
     pub mem: GuestMemoryMmap,
     pub virtio: Arc<[VirtioSlot]>,
     pub serial: SerialPort,
+    pub rtc: RtcPort,
     serial_irq: EventFd,
     exit: Arc<ExitSignal>,
 }
@@ -401,7 +425,8 @@ impl Devices {
 
 impl DeviceManager {
     /// The legacy devices (COM1 printing to this terminal; the i8042 for
-    /// resets) on a new port bus; virtio devices come with [`Self::add_all`].
+    /// resets; the CMOS RTC on the host's wall clock) on a new port bus;
+    /// virtio devices come with [`Self::add_all`].
     pub fn new(
         vm: Arc<VmFd>,
         mem: GuestMemoryMmap,
@@ -421,6 +446,11 @@ impl DeviceManager {
             I8042_PORT,
             I8042_PORTS,
         )?;
+        let rtc = Arc::new(Mutex::new(Rtc::new(
+            memory_sizes(&mem),
+            devices::rtc::host_clock(),
+        )));
+        pio.insert(rtc.clone(), RTC_PORT, RTC_PORTS)?;
         Ok(DeviceManager {
             pio,
             mmio: Bus::new(),
@@ -428,6 +458,7 @@ impl DeviceManager {
             virtio: Vec::new(),
             serial,
             serial_irq,
+            rtc,
             exit: exit.clone(),
             mem,
             vm,
@@ -446,6 +477,7 @@ impl DeviceManager {
             virtio: self.virtio.into(),
             serial: self.serial,
             serial_irq: self.serial_irq,
+            rtc: self.rtc,
             exit: self.exit,
         };
         (devices, self.subscribers)

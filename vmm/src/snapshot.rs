@@ -5,7 +5,9 @@
 //! Save (the VM paused; the state captured by `VmHandle::capture_state`):
 //! manifest, `vm` (PIC master/slave, IOAPIC,
 //! PIT2, the guest clock as it was at the pause), `vcpu.N`, `dev.com1`
-//! (the serial UART), `dev.netN` and `dev.blkN` (each virtio-mmio
+//! (the serial UART), `dev.rtc` (the CMOS RTC; a file without it, from
+//! before tandem had one, restores with the RTC on the host's clock),
+//! `dev.netN` and `dev.blkN` (each virtio-mmio
 //! transport with its queues where the device had got to, and the device's
 //! own facts), then guest memory without its zero pages. The file is
 //! written to `F.tmp`, fsynced and renamed to `F`, so `F` is never a
@@ -29,8 +31,9 @@ use std::io::{self, BufWriter, Read, Seek};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use devices::rtc::CMOS_BYTES;
 use devices::GuestMemoryMmap;
-use migration::devices::{DeviceState, MmioTransportState, SerialState};
+use migration::devices::{DeviceState, MmioTransportState, RtcState, SerialState};
 use migration::kvm::{KvmStateError, KvmVcpuState, KvmVmState};
 use migration::memory::ImageStats;
 use migration::vcpu::VcpuState;
@@ -43,7 +46,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, NetSpec};
-use crate::device_manager::{self, manifest, SERIAL_ID};
+use crate::device_manager::{self, manifest, RTC_ID, SERIAL_ID};
 use crate::memory::GuestPages;
 use crate::vm_state::VmState;
 
@@ -180,6 +183,9 @@ fn write_states<W: io::Write>(w: &mut SnapshotWriter<W>, state: &VmState) -> Res
     }
     let serial = DeviceState::Serial(SerialState::from(&state.serial));
     w.write_state(&section::device(SERIAL_ID), &serial)?;
+    if let Some(rtc) = &state.rtc {
+        w.write_state(&section::device(RTC_ID), &DeviceState::Rtc(rtc.clone()))?;
+    }
     for (id, dev) in &state.devices {
         w.write_state(&section::device(id), dev)?;
     }
@@ -309,6 +315,7 @@ impl<R: Read + Seek> Loader<R> {
         self.check_manifest(&saved, requested)?;
         let (vm, vcpus) = self.kvm_state(saved.vcpus)?;
         let serial = self.serial()?;
+        let rtc = self.rtc()?;
         let devices = self.devices(&saved)?;
         let Loader { mut reader, shown } = self;
         migration::validate_memory(
@@ -326,6 +333,7 @@ impl<R: Read + Seek> Loader<R> {
                 vm,
                 vcpus,
                 serial,
+                rtc,
                 devices,
             },
             reader,
@@ -410,6 +418,22 @@ impl<R: Read + Seek> Loader<R> {
                 s.in_buffer.len()
             ))),
             _ => Err(self.invalid(format!("section {dev} is not a serial port"))),
+        }
+    }
+
+    /// The CMOS RTC, if the file has it.
+    fn rtc(&mut self) -> Result<Option<RtcState>, SnapshotError> {
+        let dev = section::device(RTC_ID);
+        if self.reader.section(&dev).is_none() {
+            return Ok(None);
+        }
+        match self.state::<DeviceState>(&dev)? {
+            DeviceState::Rtc(s) if s.ram.len() == CMOS_BYTES => Ok(Some(s)),
+            DeviceState::Rtc(s) => Err(self.invalid(format!(
+                "section {dev}: {} bytes of CMOS RAM, not {CMOS_BYTES}",
+                s.ram.len()
+            ))),
+            _ => Err(self.invalid(format!("section {dev} is not a CMOS RTC"))),
         }
     }
 

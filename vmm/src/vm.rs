@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use devices::rtc::CMOS_BYTES;
 use devices::GuestMemoryMmap;
 use kvm_bindings::kvm_clock_data;
 use kvm_ioctls::VmFd;
@@ -282,6 +283,7 @@ impl VmHandle {
             vm,
             vcpus,
             serial: lock(&self.0.devices.serial).state(),
+            rtc: Some(lock(&self.0.devices.rtc).state()),
             devices,
         })
     }
@@ -300,6 +302,9 @@ impl VmHandle {
         let vcpus = lock(&self.0.vcpus).len();
         if s.vcpus.len() != vcpus {
             return foreign(format!("{} vCPUs, this VM has {vcpus}", s.vcpus.len()));
+        }
+        if let Some(rtc) = s.rtc.as_ref().filter(|r| r.ram.len() != CMOS_BYTES) {
+            return foreign(format!("{} bytes of CMOS RAM", rtc.ram.len()));
         }
         let virtio = self.virtio();
         if s.devices.len() != virtio.len() {
@@ -341,6 +346,11 @@ impl VmHandle {
             }
         }
         self.0.devices.restore_serial(&s.serial)?;
+        if let Some(rtc) = &s.rtc {
+            lock(&self.0.devices.rtc)
+                .restore(rtc)
+                .map_err(|e| VmOpError::Foreign(format!("its CMOS RTC: {e}")))?;
+        }
         p.clock = Some(s.vm.clock);
         self.0.empty.store(false, Ordering::SeqCst);
         Ok(())
@@ -489,6 +499,10 @@ impl VmHandle {
     /// The device and exit counters as JSON (what `--metrics` writes).
     pub fn metrics(&self) -> serde_json::Value {
         let mut m = metrics_json(self.virtio(), &self.0.exits);
+        if let Some(o) = m.as_object_mut() {
+            let bad_dates = lock(&self.0.devices.rtc).bad_dates();
+            o.insert("rtc".into(), serde_json::json!({ "bad_dates": bad_dates }));
+        }
         // A COLO side's report, as colo_status gives it.
         if let (Some(side), Some(o)) = (self.colo(), m.as_object_mut()) {
             let report = serde_json::to_value(side.report()).unwrap_or_default();

@@ -10,7 +10,7 @@ use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
 use kvm_ioctls::VmFd;
-use migration::devices::{DeviceState, MmioTransportState};
+use migration::devices::{DeviceState, MmioTransportState, RtcState};
 use migration::kvm::{KvmVcpuState, KvmVmState};
 use migration::Manifest;
 
@@ -27,6 +27,9 @@ pub struct VmState {
     pub vcpus: Vec<KvmVcpuState>,
     /// The serial UART.
     pub serial: vm_superio::serial::SerialState,
+    /// The CMOS RTC (`None` in a snapshot written before tandem had one:
+    /// the RTC then starts afresh on the host's clock).
+    pub rtc: Option<RtcState>,
     /// The virtio devices' states, by id, in manifest (bus) order.
     pub devices: Vec<(String, DeviceState)>,
 }
@@ -39,7 +42,7 @@ impl VmState {
             DeviceState::VirtioNet { transport, .. } | DeviceState::VirtioBlk { transport, .. } => {
                 Some(transport)
             }
-            DeviceState::Serial(_) => None,
+            DeviceState::Serial(_) | DeviceState::Rtc(_) => None,
         }
     }
 }
