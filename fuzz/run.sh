@@ -34,7 +34,9 @@ if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
 fi
 
 cd "$(dirname "$0")"
+all=0
 if ((${#targets[@]} == 0)); then
+    all=1
     for f in fuzz_targets/*.rs; do
         targets+=("$(basename "$f" .rs)")
     done
@@ -52,9 +54,14 @@ else
     cargo=(nice -n 19 env RUSTC_BOOTSTRAP=1 cargo)
 fi
 
-for t in "${targets[@]}"; do
-    "${cargo[@]}" fuzz build "$t"
-done
+# All targets in one build: cargo links them in parallel.
+if ((all)); then
+    "${cargo[@]}" fuzz build
+else
+    for t in "${targets[@]}"; do
+        "${cargo[@]}" fuzz build "$t"
+    done
+fi
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tandem-fuzz.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

@@ -7,6 +7,7 @@
 
 pub mod bus;
 pub mod i8042;
+pub mod pci;
 pub mod rtc;
 pub mod serial;
 pub mod virtio;

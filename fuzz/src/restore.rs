@@ -85,7 +85,7 @@ pub fn restore(bytes: &[u8]) -> Result<Restored, String> {
     let configs = saved
         .devices
         .iter()
-        .filter(|d| !matches!(d, DeviceConfig::Serial { .. }));
+        .filter(|d| d.slot().is_some());
     let mut built = Vec::with_capacity(image.state.devices.len());
     for (config, (_, state)) in configs.zip(&image.state.devices) {
         let transport = VmState::transport(state).expect("the loader checked the device's kind");
@@ -174,7 +174,9 @@ fn device_for(config: &DeviceConfig, mem: &GuestMemoryMmap) -> MmioTransport {
         DeviceConfig::Blk {
             readonly, serial, ..
         } => fixtures::block(mem, serial, *readonly).0,
-        DeviceConfig::Serial { .. } => unreachable!("serial consoles have no transport"),
+        DeviceConfig::Serial { .. } | DeviceConfig::PciHost { .. } => {
+            unreachable!("only virtio devices have a transport")
+        }
     }
 }
 

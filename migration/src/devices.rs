@@ -1,4 +1,4 @@
-//! The state of tandem's emulated devices, as data: serial, CMOS RTC, virtio-mmio
+//! The state of tandem's emulated devices, as data: serial, CMOS RTC, PCI bus, virtio-mmio
 //! transport and queues, virtio-net, virtio-blk.
 //!
 //! This module owns the serde shape of the `dev.<id>` state sections. Neither vm-superio's
@@ -19,6 +19,8 @@ pub enum DeviceState {
     Serial(SerialState),
     /// The CMOS real-time clock and its RAM.
     Rtc(RtcState),
+    /// PCI bus 0 (configuration mechanism #1) and its functions.
+    Pci(PciState),
     /// A virtio-net device behind its virtio-mmio transport.
     VirtioNet {
         /// The transport's registers and queues.
@@ -105,6 +107,28 @@ pub struct RtcState {
     /// Seconds the guest's clock runs ahead of the host's wall clock (negative:
     /// behind).
     pub offset_s: i64,
+}
+
+/// PCI bus 0: the CONFIG_ADDRESS latch and each function's configuration space.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PciState {
+    /// CONFIG_ADDRESS, as last written to port 0xCF8.
+    pub address: u32,
+    /// The functions on the bus, by slot.
+    pub functions: Vec<PciFunctionState>,
+}
+
+/// One PCI function (function 0 of its slot).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PciFunctionState {
+    /// Its device number on bus 0.
+    pub slot: u8,
+    /// Its 256 bytes of configuration space (a restore takes only the bits the function
+    /// lets a guest write).
+    #[serde(with = "crate::hex")]
+    pub config: Vec<u8>,
 }
 
 /// The virtio-mmio (v2) transport's registers.

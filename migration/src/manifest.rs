@@ -55,6 +55,11 @@ pub enum DeviceConfig {
         /// Device id.
         id: String,
     },
+    /// PCI bus 0 with its host bridge (`tandem run --machine pci`).
+    PciHost {
+        /// Device id (`pci0`).
+        id: String,
+    },
     /// A virtio-net NIC.
     Net {
         /// Device id (e.g. `net0`).
@@ -93,7 +98,9 @@ impl DeviceConfig {
     /// The device's id.
     pub fn id(&self) -> &str {
         match self {
-            DeviceConfig::Serial { id } | DeviceConfig::Net { id, .. } => id,
+            DeviceConfig::Serial { id }
+            | DeviceConfig::PciHost { id }
+            | DeviceConfig::Net { id, .. } => id,
             DeviceConfig::Blk { id, .. } => id,
         }
     }
@@ -101,7 +108,7 @@ impl DeviceConfig {
     /// Where a virtio device sits (`None` for the serial console).
     pub fn slot(&self) -> Option<MmioSlot> {
         match self {
-            DeviceConfig::Serial { .. } => None,
+            DeviceConfig::Serial { .. } | DeviceConfig::PciHost { .. } => None,
             DeviceConfig::Net { slot, .. } | DeviceConfig::Blk { slot, .. } => Some(*slot),
         }
     }
@@ -110,6 +117,7 @@ impl DeviceConfig {
     pub fn describe(&self) -> String {
         match self {
             DeviceConfig::Serial { id } => format!("serial console {id}"),
+            DeviceConfig::PciHost { id } => format!("PCI host bridge {id} (--machine pci)"),
             DeviceConfig::Net { id, tap, .. } => format!("NIC {id} on {tap}"),
             DeviceConfig::Blk { id, path, .. } => format!("disk {id} on {path}"),
         }
@@ -203,7 +211,7 @@ fn compare_device(
         }
     };
     match (saved, asked) {
-        (Serial { .. }, Serial { .. }) => {}
+        (Serial { .. }, Serial { .. }) | (PciHost { .. }, PciHost { .. }) => {}
         (
             Net {
                 tap: st,

@@ -145,7 +145,7 @@ fn rsc_disk_size_and_disk_id_must_match() {
                 *bytes = 32 << 20;
                 *serial = "other".into();
             }
-            DeviceConfig::Serial { .. } => {}
+            DeviceConfig::Serial { .. } | DeviceConfig::PciHost { .. } => {}
         }
     }
     assert_eq!(
@@ -184,4 +184,23 @@ fn the_manifest_is_json_with_tagged_devices() {
     assert!(text.contains(r#"{"kind":"net","id":"eth0","tap":"tap0","mac":"52:54:00:00:00:01","rsc":false,"slot":{"base":3489660928,"irq":5}}"#), "{text}");
     let back: Manifest = serde_json::from_str(&text).unwrap();
     assert_eq!(back, saved());
+}
+
+#[test]
+fn the_pci_host_bridge_must_be_asked_for_and_only_then() {
+    let pci = DeviceConfig::PciHost { id: "pci0".into() };
+    let mut with_pci = saved();
+    with_pci.devices.insert(1, pci);
+    assert_eq!(check_compatible(&with_pci, &with_pci), Ok(vec![]));
+    assert_eq!(
+        problems(&with_pci),
+        vec!["this VM asks for PCI host bridge pci0 (--machine pci), which the snapshot does not have"]
+    );
+    match check_compatible(&with_pci, &saved()) {
+        Err(CompatError::Mismatch(p)) => assert_eq!(
+            p,
+            vec!["snapshot has PCI host bridge pci0 (--machine pci); none given"]
+        ),
+        other => panic!("{other:?}"),
+    }
 }

@@ -108,9 +108,13 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     // the guest probes them in command-line order, so the first --disk is
     // vda), each announced on the command line.
     let virtio_configs = device_manager::virtio_configs(&cfg.nets, &cfg.disks)?;
-    let manifest =
-        device_manager::manifest(cfg.mem_bytes, u32::from(cfg.cpus), virtio_configs.clone());
-    let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), &exit)?;
+    let manifest = device_manager::manifest(
+        cfg.mem_bytes,
+        u32::from(cfg.cpus),
+        cfg.machine,
+        virtio_configs.clone(),
+    );
+    let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), cfg.machine, &exit)?;
     dm.defer_disk_locks = start.waits();
     dm.secondary = matches!(start, Start::Secondary);
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;

@@ -373,6 +373,17 @@ pub fn default_disk_id(path: &Path) -> String {
         .collect()
 }
 
+/// The machine's buses besides the legacy ports and virtio-mmio.
+#[derive(clap::ValueEnum, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Machine {
+    /// Legacy ports and virtio-mmio only.
+    #[default]
+    Legacy,
+    /// Also PCI bus 0 with a host bridge (configuration ports 0xCF8/0xCFC).
+    Pci,
+}
+
 /// A VM to run.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -383,6 +394,8 @@ pub struct VmConfig {
     pub cmdline: String,
     pub mem_bytes: u64,
     pub cpus: u8,
+    /// `--machine`.
+    pub machine: Machine,
     pub nets: Vec<NetSpec>,
     /// virtio-blk devices, in order (vda, vdb, ...).
     pub disks: Vec<DiskSpec>,

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use devices::i8042::I8042;
+use devices::pci::{PciBus, PCI_CONFIG_PORT, PCI_CONFIG_PORTS};
 use devices::rtc::{MemorySizes, Rtc, RTC_PORT, RTC_PORTS};
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
 use devices::virtio::block::backend::DiskBackend;
@@ -43,7 +44,7 @@ use migration::{DeviceConfig, Manifest, Snapshottable};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::layout;
-use crate::config::{self, DiskSpec, NetSpec};
+use crate::config::{self, DiskSpec, Machine, NetSpec};
 use crate::console::ConsoleOut;
 use crate::exit::ExitSignal;
 use crate::exit_counts::ExitCounts;
@@ -59,6 +60,9 @@ const VIRTIO_IRQ_BASE: u32 = 5;
 const VIRTIO_IRQ_LAST: u32 = 23;
 /// The id of the serial console in the manifest and its section.
 pub const SERIAL_ID: &str = "com1";
+/// The id of the PCI host bridge in the manifest and of the PCI bus's
+/// section.
+pub const PCI_ID: &str = "pci0";
 /// The id of the CMOS RTC's section (it is not in the manifest: every VM
 /// has one, like the PIT).
 pub const RTC_ID: &str = "rtc";
@@ -67,6 +71,8 @@ pub const RTC_ID: &str = "rtc";
 pub type Subscribers = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
 /// The CMOS RTC, as the VM has it.
 pub type RtcPort = Arc<Mutex<Rtc>>;
+/// PCI bus 0, as a PCI machine has it.
+pub type PciPort = Arc<Mutex<PciBus>>;
 /// The serial console, as the VM has it.
 pub type SerialPort = Arc<Mutex<Serial<ConsoleOut<io::Stdout>>>>;
 
@@ -109,6 +115,18 @@ pub enum DeviceError {
 
 fn eventfd() -> Result<EventFd, DeviceError> {
     EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)
+}
+
+/// The machine a manifest describes.
+pub fn machine_of(m: &Manifest) -> Machine {
+    if m.devices
+        .iter()
+        .any(|d| matches!(d, DeviceConfig::PciHost { .. }))
+    {
+        Machine::Pci
+    } else {
+        Machine::Legacy
+    }
 }
 
 /// How much of guest memory lies below and above 4 GiB (the RTC's
@@ -179,12 +197,22 @@ pub fn virtio_configs(
     Ok(out)
 }
 
-/// The manifest of a VM: the serial console, then `virtio` (see
-/// [`virtio_configs`]).
-pub fn manifest(mem_bytes: u64, cpus: u32, virtio: Vec<DeviceConfig>) -> Manifest {
+/// The manifest of a VM: the serial console, the PCI host bridge of a PCI
+/// machine, then `virtio` (see [`virtio_configs`]).
+pub fn manifest(
+    mem_bytes: u64,
+    cpus: u32,
+    machine: Machine,
+    virtio: Vec<DeviceConfig>,
+) -> Manifest {
     let mut devices = vec![DeviceConfig::Serial {
         id: SERIAL_ID.to_string(),
     }];
+    if machine == Machine::Pci {
+        devices.push(DeviceConfig::PciHost {
+            id: PCI_ID.to_string(),
+        });
+    }
     devices.extend(virtio);
     Manifest {
         tandem_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -279,7 +307,7 @@ impl VirtioSlot {
                     id: serial.clone(),
                 },
             },
-            DeviceConfig::Serial { .. } => {
+            DeviceConfig::Serial { .. } | DeviceConfig::PciHost { .. } => {
                 return Err(DeviceError::StateKind {
                     id: self.id().to_string(),
                 })
@@ -384,6 +412,7 @@ pub struct DeviceManager {
     serial: SerialPort,
     serial_irq: EventFd,
     rtc: RtcPort,
+    pci: Option<PciPort>,
     exit: Arc<ExitSignal>,
     mem: GuestMemoryMmap,
     vm: Arc<VmFd>,
@@ -404,6 +433,7 @@ pub struct Devices {
     pub virtio: Arc<[VirtioSlot]>,
     pub serial: SerialPort,
     pub rtc: RtcPort,
+    pub pci: Option<PciPort>,
     serial_irq: EventFd,
     exit: Arc<ExitSignal>,
 }
@@ -425,11 +455,13 @@ impl Devices {
 
 impl DeviceManager {
     /// The legacy devices (COM1 printing to this terminal; the i8042 for
-    /// resets; the CMOS RTC on the host's wall clock) on a new port bus;
-    /// virtio devices come with [`Self::add_all`].
+    /// resets; the CMOS RTC on the host's wall clock; PCI bus 0 with its
+    /// host bridge on a PCI machine) on a new port bus; virtio devices come
+    /// with [`Self::add_all`].
     pub fn new(
         vm: Arc<VmFd>,
         mem: GuestMemoryMmap,
+        machine: Machine,
         exit: &Arc<ExitSignal>,
     ) -> Result<DeviceManager, DeviceError> {
         let serial_irq = eventfd()?;
@@ -451,6 +483,14 @@ impl DeviceManager {
             devices::rtc::host_clock(),
         )));
         pio.insert(rtc.clone(), RTC_PORT, RTC_PORTS)?;
+        let pci = match machine {
+            Machine::Legacy => None,
+            Machine::Pci => {
+                let bus = Arc::new(Mutex::new(PciBus::new()));
+                pio.insert(bus.clone(), PCI_CONFIG_PORT, PCI_CONFIG_PORTS)?;
+                Some(bus)
+            }
+        };
         Ok(DeviceManager {
             pio,
             mmio: Bus::new(),
@@ -459,6 +499,7 @@ impl DeviceManager {
             serial,
             serial_irq,
             rtc,
+            pci,
             exit: exit.clone(),
             mem,
             vm,
@@ -478,6 +519,7 @@ impl DeviceManager {
             serial: self.serial,
             serial_irq: self.serial_irq,
             rtc: self.rtc,
+            pci: self.pci,
             exit: self.exit,
         };
         (devices, self.subscribers)

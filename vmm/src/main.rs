@@ -440,6 +440,7 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
         cmdline: String::new(),
         mem_bytes: mem,
         cpus: args.cpus.unwrap_or(1),
+        machine: args.machine.unwrap_or_default(),
         nets: args.nets,
         disks: args.disks,
         metrics: args.metrics,
@@ -506,6 +507,7 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
         cmdline,
         mem_bytes: mem,
         cpus: args.cpus.unwrap_or(1),
+        machine: args.machine.unwrap_or_default(),
         nets: args.nets,
         disks: args.disks,
         metrics: args.metrics,
@@ -527,7 +529,13 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     let mut disks = args.disks;
-    let snap = match vmm::snapshot::load(path, args.mem, args.cpus, &args.nets, &mut disks) {
+    let asked = vmm::snapshot::Asked {
+        mem: args.mem,
+        cpus: args.cpus,
+        machine: args.machine,
+        nets: &args.nets,
+    };
+    let snap = match vmm::snapshot::load(path, asked, &mut disks) {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
@@ -541,6 +549,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         cmdline: String::new(),
         mem_bytes: snap.state.manifest.mem_bytes,
         cpus,
+        machine: vmm::device_manager::machine_of(&snap.state.manifest),
         nets: args.nets,
         disks,
         metrics: args.metrics,

@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use devices::rtc::CMOS_BYTES;
 use devices::GuestMemoryMmap;
-use migration::devices::{DeviceState, MmioTransportState, RtcState, SerialState};
+use migration::devices::{DeviceState, MmioTransportState, PciState, RtcState, SerialState};
 use migration::kvm::{KvmStateError, KvmVcpuState, KvmVmState};
 use migration::memory::ImageStats;
 use migration::vcpu::VcpuState;
@@ -45,8 +45,8 @@ use migration::{
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::boot::layout;
-use crate::config::{self, DiskSpec, NetSpec};
-use crate::device_manager::{self, manifest, RTC_ID, SERIAL_ID};
+use crate::config::{self, DiskSpec, Machine, NetSpec};
+use crate::device_manager::{self, manifest, PCI_ID, RTC_ID, SERIAL_ID};
 use crate::memory::GuestPages;
 use crate::vm_state::VmState;
 
@@ -186,6 +186,9 @@ fn write_states<W: io::Write>(w: &mut SnapshotWriter<W>, state: &VmState) -> Res
     if let Some(rtc) = &state.rtc {
         w.write_state(&section::device(RTC_ID), &DeviceState::Rtc(rtc.clone()))?;
     }
+    if let Some(pci) = &state.pci {
+        w.write_state(&section::device(PCI_ID), &DeviceState::Pci(pci.clone()))?;
+    }
     for (id, dev) in &state.devices {
         w.write_state(&section::device(id), dev)?;
     }
@@ -215,17 +218,20 @@ pub struct Restore<R: Read + Seek = File> {
     path: String,
 }
 
+/// What a restore asks for besides its disks (`None`: the snapshot's).
+#[derive(Clone, Copy)]
+pub struct Asked<'a> {
+    pub mem: Option<u64>,
+    pub cpus: Option<u8>,
+    pub machine: Option<Machine>,
+    pub nets: &'a [NetSpec],
+}
+
 /// Opens and verifies `path` completely and checks it against the memory
-/// size and vCPU count asked for (`None`: the snapshot's) and the devices
-/// `nets` and `disks`. A disk given without `id=` takes the id the snapshot
-/// has for it. Creates nothing.
-pub fn load(
-    path: &Path,
-    mem: Option<u64>,
-    cpus: Option<u8>,
-    nets: &[NetSpec],
-    disks: &mut [DiskSpec],
-) -> Result<Restore, SnapshotError> {
+/// size, vCPU count and machine asked for and the devices `nets` and
+/// `disks`. A disk given without `id=` takes the id the snapshot has for
+/// it. Creates nothing.
+pub fn load(path: &Path, asked: Asked, disks: &mut [DiskSpec]) -> Result<Restore, SnapshotError> {
     let mut l = Loader::open(path)?;
     let saved: Manifest = l.state(section::MANIFEST)?;
     for (j, d) in disks.iter_mut().enumerate() {
@@ -237,10 +243,13 @@ pub fn load(
             });
         }
     }
-    let virtio = device_manager::virtio_configs(nets, disks)?;
+    let virtio = device_manager::virtio_configs(asked.nets, disks)?;
     let requested = manifest(
-        mem.unwrap_or(saved.mem_bytes),
-        cpus.map_or(saved.vcpus, u32::from),
+        asked.mem.unwrap_or(saved.mem_bytes),
+        asked.cpus.map_or(saved.vcpus, u32::from),
+        asked
+            .machine
+            .unwrap_or_else(|| device_manager::machine_of(&saved)),
         virtio,
     );
     l.finish(saved, &requested)
@@ -316,6 +325,7 @@ impl<R: Read + Seek> Loader<R> {
         let (vm, vcpus) = self.kvm_state(saved.vcpus)?;
         let serial = self.serial()?;
         let rtc = self.rtc()?;
+        let pci = self.pci(&saved)?;
         let devices = self.devices(&saved)?;
         let Loader { mut reader, shown } = self;
         migration::validate_memory(
@@ -334,6 +344,7 @@ impl<R: Read + Seek> Loader<R> {
                 vcpus,
                 serial,
                 rtc,
+                pci,
                 devices,
             },
             reader,
@@ -437,13 +448,29 @@ impl<R: Read + Seek> Loader<R> {
         }
     }
 
+    /// PCI bus 0, which the file has if and only if its manifest lists the
+    /// host bridge.
+    fn pci(&mut self, saved: &Manifest) -> Result<Option<PciState>, SnapshotError> {
+        if device_manager::machine_of(saved) != Machine::Pci {
+            return Ok(None);
+        }
+        let dev = section::device(PCI_ID);
+        match self.state::<DeviceState>(&dev)? {
+            DeviceState::Pci(s) => devices::pci::PciBus::new()
+                .check_state(&s)
+                .map(|()| Some(s))
+                .map_err(|e| self.invalid(format!("section {dev}: {e}"))),
+            _ => Err(self.invalid(format!("section {dev} is not a PCI bus"))),
+        }
+    }
+
     /// Each virtio device's state, in manifest order, of the kind the
     /// manifest lists and with its queues' shape checked.
     fn devices(&mut self, saved: &Manifest) -> Result<Vec<(String, DeviceState)>, SnapshotError> {
         let mut devices = Vec::new();
         for d in &saved.devices {
             let (id, net) = match d {
-                DeviceConfig::Serial { .. } => continue,
+                DeviceConfig::Serial { .. } | DeviceConfig::PciHost { .. } => continue,
                 DeviceConfig::Net { id, .. } => (id, true),
                 DeviceConfig::Blk { id, .. } => (id, false),
             };
@@ -550,7 +577,13 @@ mod tests {
     }
 
     fn load_err(path: &Path, mem: Option<u64>, cpus: Option<u8>) -> String {
-        let e = load(path, mem, cpus, &[], &mut []).err().expect("refused");
+        let asked = Asked {
+            mem,
+            cpus,
+            machine: None,
+            nets: &[],
+        };
+        let e = load(path, asked, &mut []).err().expect("refused");
         let _ = std::fs::remove_file(path);
         e.to_string()
     }
@@ -565,7 +598,11 @@ mod tests {
 
     #[test]
     fn a_mismatch_is_refused_with_the_manifest_message() {
-        let p = file_with("mismatch", &manifest(128 << 20, 1, vec![]), |_| {});
+        let p = file_with(
+            "mismatch",
+            &manifest(128 << 20, 1, Machine::Legacy, vec![]),
+            |_| {},
+        );
         let e = load_err(&p, Some(256 << 20), None);
         assert!(
             e.contains("snapshot has 128 MiB of memory, this VM asks for 256 MiB"),
@@ -575,14 +612,18 @@ mod tests {
 
     #[test]
     fn a_forged_vcpu_count_is_refused() {
-        let p = file_with("cpus", &manifest(128 << 20, 200, vec![]), |_| {});
+        let p = file_with(
+            "cpus",
+            &manifest(128 << 20, 200, Machine::Legacy, vec![]),
+            |_| {},
+        );
         let e = load_err(&p, None, None);
         assert!(e.contains("200 vCPUs"), "{e}");
     }
 
     #[test]
     fn a_foreign_device_is_refused() {
-        let mut m = manifest(128 << 20, 1, vec![]);
+        let mut m = manifest(128 << 20, 1, Machine::Legacy, vec![]);
         m.devices.push(DeviceConfig::Net {
             id: "net0".into(),
             tap: "tap0".into(),
@@ -600,18 +641,26 @@ mod tests {
 
     #[test]
     fn a_bad_vm_section_is_refused_before_anything_is_built() {
-        let p = file_with("vm", &manifest(128 << 20, 1, vec![]), |w| {
-            let empty_chip = serde_json::json!({ "pic_master": [] });
-            w.write_state(section::VM, &empty_chip).unwrap();
-        });
+        let p = file_with(
+            "vm",
+            &manifest(128 << 20, 1, Machine::Legacy, vec![]),
+            |w| {
+                let empty_chip = serde_json::json!({ "pic_master": [] });
+                w.write_state(section::VM, &empty_chip).unwrap();
+            },
+        );
         let e = load_err(&p, None, None);
         assert!(
             e.contains("section \"vm\" does not decode: kvm_irqchip is 0 bytes, KVM takes 520"),
             "{e}"
         );
-        let p = file_with("vm-ids", &manifest(128 << 20, 1, vec![]), |w| {
-            w.write_state(section::VM, &VmWideState::default()).unwrap();
-        });
+        let p = file_with(
+            "vm-ids",
+            &manifest(128 << 20, 1, Machine::Legacy, vec![]),
+            |w| {
+                w.write_state(section::VM, &VmWideState::default()).unwrap();
+            },
+        );
         let e = load_err(&p, None, None);
         assert!(
             e.contains("section vm: PIC slave state has chip id 0, KVM's is 1"),
@@ -621,7 +670,11 @@ mod tests {
 
     #[test]
     fn a_missing_section_is_refused() {
-        let p = file_with("missing", &manifest(128 << 20, 1, vec![]), |_| {});
+        let p = file_with(
+            "missing",
+            &manifest(128 << 20, 1, Machine::Legacy, vec![]),
+            |_| {},
+        );
         let e = load_err(&p, None, None);
         assert!(e.contains("no section \"vm\""), "{e}");
     }

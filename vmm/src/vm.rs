@@ -284,6 +284,7 @@ impl VmHandle {
             vcpus,
             serial: lock(&self.0.devices.serial).state(),
             rtc: Some(lock(&self.0.devices.rtc).state()),
+            pci: self.0.devices.pci.as_ref().map(|p| lock(p).state()),
             devices,
         })
     }
@@ -305,6 +306,12 @@ impl VmHandle {
         }
         if let Some(rtc) = s.rtc.as_ref().filter(|r| r.ram.len() != CMOS_BYTES) {
             return foreign(format!("{} bytes of CMOS RAM", rtc.ram.len()));
+        }
+        match (&self.0.devices.pci, &s.pci) {
+            (None, None) => {}
+            (Some(bus), Some(p)) => lock(bus).check_state(p).map_err(VmOpError::Foreign)?,
+            (Some(_), None) => return foreign("no PCI bus, this VM has one".into()),
+            (None, Some(_)) => return foreign("a PCI bus, this VM has none".into()),
         }
         let virtio = self.virtio();
         if s.devices.len() != virtio.len() {
@@ -346,6 +353,9 @@ impl VmHandle {
             }
         }
         self.0.devices.restore_serial(&s.serial)?;
+        if let (Some(bus), Some(p)) = (&self.0.devices.pci, &s.pci) {
+            lock(bus).restore(p).map_err(VmOpError::Foreign)?;
+        }
         if let Some(rtc) = &s.rtc {
             lock(&self.0.devices.rtc)
                 .restore(rtc)
@@ -502,6 +512,10 @@ impl VmHandle {
         if let Some(o) = m.as_object_mut() {
             let bad_dates = lock(&self.0.devices.rtc).bad_dates();
             o.insert("rtc".into(), serde_json::json!({ "bad_dates": bad_dates }));
+            if let Some(bus) = &self.0.devices.pci {
+                let bad = lock(bus).bad_accesses();
+                o.insert("pci".into(), serde_json::json!({ "bad_accesses": bad }));
+            }
         }
         // A COLO side's report, as colo_status gives it.
         if let (Some(side), Some(o)) = (self.colo(), m.as_object_mut()) {

@@ -10,7 +10,7 @@ use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
 use kvm_ioctls::VmFd;
-use migration::devices::{DeviceState, MmioTransportState, RtcState};
+use migration::devices::{DeviceState, MmioTransportState, PciState, RtcState};
 use migration::kvm::{KvmVcpuState, KvmVmState};
 use migration::Manifest;
 
@@ -30,6 +30,8 @@ pub struct VmState {
     /// The CMOS RTC (`None` in a snapshot written before tandem had one:
     /// the RTC then starts afresh on the host's clock).
     pub rtc: Option<RtcState>,
+    /// PCI bus 0 (a PCI machine's only).
+    pub pci: Option<PciState>,
     /// The virtio devices' states, by id, in manifest (bus) order.
     pub devices: Vec<(String, DeviceState)>,
 }
@@ -42,7 +44,7 @@ impl VmState {
             DeviceState::VirtioNet { transport, .. } | DeviceState::VirtioBlk { transport, .. } => {
                 Some(transport)
             }
-            DeviceState::Serial(_) | DeviceState::Rtc(_) => None,
+            DeviceState::Serial(_) | DeviceState::Rtc(_) | DeviceState::Pci(_) => None,
         }
     }
 }

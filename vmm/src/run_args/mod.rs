@@ -159,6 +159,14 @@ pub struct RunArgs {
           value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
     #[serde(default, deserialize_with = "file::cpus")]
     pub cpus: Option<u8>,
+    /// The machine: `legacy` (legacy ports and virtio-mmio; the default) or
+    /// `pci` (also PCI bus 0 with a host bridge, reached through ports
+    /// 0xCF8/0xCFC; virtio devices stay on virtio-mmio for now). Default
+    /// with --restore: the snapshot's. An incoming migration or a COLO
+    /// secondary must give the source's machine again.
+    #[arg(long, value_name = "KIND")]
+    #[serde(default)]
+    pub machine: Option<config::Machine>,
     /// Continue the VM saved in FILE (by `tandem ctl ... snapshot FILE`)
     /// instead of booting a kernel. The whole file is verified first. Give
     /// the snapshot's devices again, in the same order: --net with the same
@@ -348,6 +356,7 @@ impl RunArgs {
             metrics: self.metrics.or(file.metrics),
             api_sock: self.api_sock.or(file.api_sock),
             cpus: self.cpus.or(file.cpus),
+            machine: self.machine.or(file.machine),
             restore: self.restore.or(file.restore),
             incoming: self.incoming.or(file.incoming),
             colo: self.colo.or(file.colo),
