@@ -6,6 +6,7 @@
 //! writes to them is untrusted: no access panics, whatever its offset or size.
 
 pub mod bus;
+pub mod fw_cfg;
 pub mod i8042;
 pub mod pci;
 pub mod rtc;

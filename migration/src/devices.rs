@@ -1,4 +1,5 @@
-//! The state of tandem's emulated devices, as data: serial, CMOS RTC, PCI bus, virtio-mmio
+//! The state of tandem's emulated devices, as data: serial, CMOS RTC, PCI bus, fw_cfg,
+//! virtio-mmio
 //! transport and queues, virtio-net, virtio-blk.
 //!
 //! This module owns the serde shape of the `dev.<id>` state sections. Neither vm-superio's
@@ -21,6 +22,8 @@ pub enum DeviceState {
     Rtc(RtcState),
     /// PCI bus 0 (configuration mechanism #1) and its functions.
     Pci(PciState),
+    /// The firmware configuration interface (where the guest is in a read).
+    FwCfg(FwCfgState),
     /// A virtio-net device behind its virtio-mmio transport.
     VirtioNet {
         /// The transport's registers and queues.
@@ -107,6 +110,17 @@ pub struct RtcState {
     /// Seconds the guest's clock runs ahead of the host's wall clock (negative:
     /// behind).
     pub offset_s: i64,
+}
+
+/// fw_cfg: the selected item and how far the guest has read it (the items themselves
+/// follow from the VM's configuration).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FwCfgState {
+    /// The selected item.
+    pub selected: u16,
+    /// The next byte of it a read returns.
+    pub offset: u64,
 }
 
 /// PCI bus 0: the CONFIG_ADDRESS latch and each function's configuration space.

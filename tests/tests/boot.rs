@@ -10,6 +10,16 @@ use tandem_tests::{ctl, guest_file, tail, tandem_output, TestVm};
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 const EXIT: Duration = tandem_tests::budget(Duration::from_secs(30));
 
+/// The command line tandem gives the default guest on this host, before
+/// what the host needs is appended (README, "Using it").
+fn boot_cmdline() -> &'static str {
+    if tandem_tests::host_is_emulated() {
+        "console=ttyS0 reboot=k panic=1 quiet"
+    } else {
+        "console=ttyS0 reboot=k panic=1"
+    }
+}
+
 #[test]
 fn default_guest_on_one_vcpu_runs_commands_and_reboots() {
     // No --kernel: the default guest from target/guest.
@@ -57,16 +67,28 @@ fn default_guest_on_one_vcpu_runs_commands_and_reboots() {
 }
 
 /// Two vCPUs on a PCI machine: the guest kernel finds the host bridge at
-/// 00:00.0 through ports 0xCF8/0xCFC and sets its command register; the VM
-/// is snapshotted and restored in a new process (machine from the file;
-/// `--machine legacy` refused), where the bridge's configuration space, read
-/// live, is as the guest left it; power-off exits 0.
+/// 00:00.0 through ports 0xCF8/0xCFC and sets its command register, and
+/// reads fw_cfg (told its ports on the command line, as there is no ACPI
+/// to name it): its signature, and the memory map and boot order files;
+/// the VM is snapshotted and restored in a new process (machine from the
+/// file; `--machine legacy` refused), where the bridge's configuration
+/// space, read live, is as the guest left it; power-off exits 0.
 #[test]
 fn two_vcpus_on_a_pci_machine_boot_restore_and_poweroff_exits_zero() {
     let sock = scratch("boot-pci.sock");
     let snap = scratch("boot-pci.snap");
     let s = sock.to_str().unwrap();
-    let mut vm = TestVm::boot_default(&["--cpus", "2", "--machine", "pci", "--api-sock", s]);
+    let cmdline = format!("{} qemu_fw_cfg.ioport=2@0x510:0:1", boot_cmdline());
+    let mut vm = TestVm::boot_default(&[
+        "--cpus",
+        "2",
+        "--machine",
+        "pci",
+        "--api-sock",
+        s,
+        "--cmdline",
+        &cmdline,
+    ]);
     vm.remove_on_drop(snap.clone());
     assert_eq!(vm.ok("nproc", CMD), "2");
     let online = vm.ok("cat /sys/devices/system/cpu/online", CMD);
@@ -95,6 +117,19 @@ fn two_vcpus_on_a_pci_machine_boot_restore_and_poweroff_exits_zero() {
         ["86", "80", "37", "12", "07", "00", "00", "00"],
         "{before}"
     );
+
+    // fw_cfg, through Linux's qemu_fw_cfg driver: interface 1 (no DMA),
+    // an empty boot order, and one RAM entry of 128 MiB in etc/e820.
+    let fw = "/sys/firmware/qemu_fw_cfg";
+    assert_eq!(vm.ok(&format!("cat {fw}/rev"), CMD), "1");
+    let sizes = vm.ok(
+        &format!("cat {fw}/by_name/bootorder/size {fw}/by_name/etc/e820/size"),
+        CMD,
+    );
+    assert_eq!(sizes.split_whitespace().collect::<Vec<_>>(), ["0", "20"]);
+    let e820 = vm.ok(&format!("od -An -tx1 -v {fw}/by_name/etc/e820/raw"), CMD);
+    let want = "00 00 00 00 00 00 00 00 00 00 00 08 00 00 00 00 01 00 00 00";
+    assert_eq!(e820.split_whitespace().collect::<Vec<_>>().join(" "), want);
 
     let (code, a) = ctl(&sock, &["snapshot", snap.to_str().unwrap()]);
     assert_eq!(code, 0, "{a}");

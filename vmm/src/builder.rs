@@ -114,7 +114,7 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         cfg.machine,
         virtio_configs.clone(),
     );
-    let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), cfg.machine, &exit)?;
+    let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), cfg.machine, cfg.cpus, &exit)?;
     dm.defer_disk_locks = start.waits();
     dm.secondary = matches!(start, Start::Secondary);
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;

@@ -19,6 +19,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use devices::fw_cfg::{FwCfg, FW_CFG_PORT, FW_CFG_PORTS};
 use devices::i8042::I8042;
 use devices::pci::{PciBus, PCI_CONFIG_PORT, PCI_CONFIG_PORTS};
 use devices::rtc::{MemorySizes, Rtc, RTC_PORT, RTC_PORTS};
@@ -63,6 +64,8 @@ pub const SERIAL_ID: &str = "com1";
 /// The id of the PCI host bridge in the manifest and of the PCI bus's
 /// section.
 pub const PCI_ID: &str = "pci0";
+/// The id of fw_cfg's section.
+pub const FW_CFG_ID: &str = "fw_cfg";
 /// The id of the CMOS RTC's section (it is not in the manifest: every VM
 /// has one, like the PIT).
 pub const RTC_ID: &str = "rtc";
@@ -71,6 +74,8 @@ pub const RTC_ID: &str = "rtc";
 pub type Subscribers = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
 /// The CMOS RTC, as the VM has it.
 pub type RtcPort = Arc<Mutex<Rtc>>;
+/// fw_cfg, as the VM has it.
+pub type FwCfgPort = Arc<Mutex<FwCfg>>;
 /// PCI bus 0, as a PCI machine has it.
 pub type PciPort = Arc<Mutex<PciBus>>;
 /// The serial console, as the VM has it.
@@ -413,6 +418,7 @@ pub struct DeviceManager {
     serial_irq: EventFd,
     rtc: RtcPort,
     pci: Option<PciPort>,
+    fw_cfg: FwCfgPort,
     exit: Arc<ExitSignal>,
     mem: GuestMemoryMmap,
     vm: Arc<VmFd>,
@@ -434,6 +440,7 @@ pub struct Devices {
     pub serial: SerialPort,
     pub rtc: RtcPort,
     pub pci: Option<PciPort>,
+    pub fw_cfg: FwCfgPort,
     serial_irq: EventFd,
     exit: Arc<ExitSignal>,
 }
@@ -455,13 +462,15 @@ impl Devices {
 
 impl DeviceManager {
     /// The legacy devices (COM1 printing to this terminal; the i8042 for
-    /// resets; the CMOS RTC on the host's wall clock; PCI bus 0 with its
+    /// resets; the CMOS RTC on the host's wall clock; fw_cfg for firmware
+    /// (memory map, CPU count); PCI bus 0 with its
     /// host bridge on a PCI machine) on a new port bus; virtio devices come
     /// with [`Self::add_all`].
     pub fn new(
         vm: Arc<VmFd>,
         mem: GuestMemoryMmap,
         machine: Machine,
+        cpus: u8,
         exit: &Arc<ExitSignal>,
     ) -> Result<DeviceManager, DeviceError> {
         let serial_irq = eventfd()?;
@@ -478,11 +487,12 @@ impl DeviceManager {
             I8042_PORT,
             I8042_PORTS,
         )?;
-        let rtc = Arc::new(Mutex::new(Rtc::new(
-            memory_sizes(&mem),
-            devices::rtc::host_clock(),
-        )));
+        let sizes = memory_sizes(&mem);
+        let rtc = Arc::new(Mutex::new(Rtc::new(sizes, devices::rtc::host_clock())));
         pio.insert(rtc.clone(), RTC_PORT, RTC_PORTS)?;
+        let ram = layout::ram_ranges(sizes.below_4g + sizes.above_4g);
+        let fw_cfg = Arc::new(Mutex::new(FwCfg::new(&ram, u16::from(cpus))));
+        pio.insert(fw_cfg.clone(), FW_CFG_PORT, FW_CFG_PORTS)?;
         let pci = match machine {
             Machine::Legacy => None,
             Machine::Pci => {
@@ -500,6 +510,7 @@ impl DeviceManager {
             serial_irq,
             rtc,
             pci,
+            fw_cfg,
             exit: exit.clone(),
             mem,
             vm,
@@ -520,6 +531,7 @@ impl DeviceManager {
             serial_irq: self.serial_irq,
             rtc: self.rtc,
             pci: self.pci,
+            fw_cfg: self.fw_cfg,
             exit: self.exit,
         };
         (devices, self.subscribers)

@@ -33,7 +33,9 @@ use std::time::Instant;
 
 use devices::rtc::CMOS_BYTES;
 use devices::GuestMemoryMmap;
-use migration::devices::{DeviceState, MmioTransportState, PciState, RtcState, SerialState};
+use migration::devices::{
+    DeviceState, FwCfgState, MmioTransportState, PciState, RtcState, SerialState,
+};
 use migration::kvm::{KvmStateError, KvmVcpuState, KvmVmState};
 use migration::memory::ImageStats;
 use migration::vcpu::VcpuState;
@@ -46,7 +48,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, Machine, NetSpec};
-use crate::device_manager::{self, manifest, PCI_ID, RTC_ID, SERIAL_ID};
+use crate::device_manager::{self, manifest, FW_CFG_ID, PCI_ID, RTC_ID, SERIAL_ID};
 use crate::memory::GuestPages;
 use crate::vm_state::VmState;
 
@@ -185,6 +187,9 @@ fn write_states<W: io::Write>(w: &mut SnapshotWriter<W>, state: &VmState) -> Res
     w.write_state(&section::device(SERIAL_ID), &serial)?;
     if let Some(rtc) = &state.rtc {
         w.write_state(&section::device(RTC_ID), &DeviceState::Rtc(rtc.clone()))?;
+    }
+    if let Some(f) = &state.fw_cfg {
+        w.write_state(&section::device(FW_CFG_ID), &DeviceState::FwCfg(*f))?;
     }
     if let Some(pci) = &state.pci {
         w.write_state(&section::device(PCI_ID), &DeviceState::Pci(pci.clone()))?;
@@ -326,6 +331,7 @@ impl<R: Read + Seek> Loader<R> {
         let serial = self.serial()?;
         let rtc = self.rtc()?;
         let pci = self.pci(&saved)?;
+        let fw_cfg = self.fw_cfg()?;
         let devices = self.devices(&saved)?;
         let Loader { mut reader, shown } = self;
         migration::validate_memory(
@@ -345,6 +351,7 @@ impl<R: Read + Seek> Loader<R> {
                 serial,
                 rtc,
                 pci,
+                fw_cfg,
                 devices,
             },
             reader,
@@ -445,6 +452,18 @@ impl<R: Read + Seek> Loader<R> {
                 s.ram.len()
             ))),
             _ => Err(self.invalid(format!("section {dev} is not a CMOS RTC"))),
+        }
+    }
+
+    /// fw_cfg, if the file has it.
+    fn fw_cfg(&mut self) -> Result<Option<FwCfgState>, SnapshotError> {
+        let dev = section::device(FW_CFG_ID);
+        if self.reader.section(&dev).is_none() {
+            return Ok(None);
+        }
+        match self.state::<DeviceState>(&dev)? {
+            DeviceState::FwCfg(s) => Ok(Some(s)),
+            _ => Err(self.invalid(format!("section {dev} is not fw_cfg"))),
         }
     }
 

@@ -285,6 +285,7 @@ impl VmHandle {
             serial: lock(&self.0.devices.serial).state(),
             rtc: Some(lock(&self.0.devices.rtc).state()),
             pci: self.0.devices.pci.as_ref().map(|p| lock(p).state()),
+            fw_cfg: Some(lock(&self.0.devices.fw_cfg).state()),
             devices,
         })
     }
@@ -355,6 +356,9 @@ impl VmHandle {
         self.0.devices.restore_serial(&s.serial)?;
         if let (Some(bus), Some(p)) = (&self.0.devices.pci, &s.pci) {
             lock(bus).restore(p).map_err(VmOpError::Foreign)?;
+        }
+        if let Some(f) = &s.fw_cfg {
+            lock(&self.0.devices.fw_cfg).restore(f);
         }
         if let Some(rtc) = &s.rtc {
             lock(&self.0.devices.rtc)
@@ -512,6 +516,8 @@ impl VmHandle {
         if let Some(o) = m.as_object_mut() {
             let bad_dates = lock(&self.0.devices.rtc).bad_dates();
             o.insert("rtc".into(), serde_json::json!({ "bad_dates": bad_dates }));
+            let bad = lock(&self.0.devices.fw_cfg).bad_accesses();
+            o.insert("fw_cfg".into(), serde_json::json!({ "bad_accesses": bad }));
             if let Some(bus) = &self.0.devices.pci {
                 let bad = lock(bus).bad_accesses();
                 o.insert("pci".into(), serde_json::json!({ "bad_accesses": bad }));

@@ -10,7 +10,7 @@ use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
 use kvm_ioctls::VmFd;
-use migration::devices::{DeviceState, MmioTransportState, PciState, RtcState};
+use migration::devices::{DeviceState, FwCfgState, MmioTransportState, PciState, RtcState};
 use migration::kvm::{KvmVcpuState, KvmVmState};
 use migration::Manifest;
 
@@ -32,6 +32,9 @@ pub struct VmState {
     pub rtc: Option<RtcState>,
     /// PCI bus 0 (a PCI machine's only).
     pub pci: Option<PciState>,
+    /// fw_cfg (`None` in a snapshot from before tandem had it: a fresh
+    /// one, its signature selected).
+    pub fw_cfg: Option<FwCfgState>,
     /// The virtio devices' states, by id, in manifest (bus) order.
     pub devices: Vec<(String, DeviceState)>,
 }
@@ -44,7 +47,10 @@ impl VmState {
             DeviceState::VirtioNet { transport, .. } | DeviceState::VirtioBlk { transport, .. } => {
                 Some(transport)
             }
-            DeviceState::Serial(_) | DeviceState::Rtc(_) | DeviceState::Pci(_) => None,
+            DeviceState::Serial(_)
+            | DeviceState::Rtc(_)
+            | DeviceState::Pci(_)
+            | DeviceState::FwCfg(_) => None,
         }
     }
 }
