@@ -30,6 +30,27 @@ const ENABLE: u32 = 1 << 31;
 const ADDRESS_BITS: u32 = ENABLE | 0x00ff_fffc;
 const SLOTS: usize = 32;
 
+/// A saved bus state that is not one of this bus.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PciStateError {
+    /// Other slots hold functions.
+    #[error("PCI functions in slots {theirs:?}, this bus has {ours:?}")]
+    Slots {
+        /// The saved state's slots.
+        theirs: Vec<u8>,
+        /// This bus's.
+        ours: Vec<u8>,
+    },
+    /// A configuration space of another size than 256 bytes.
+    #[error("PCI slot {slot}: {len} bytes of configuration space, not {CONFIG_BYTES}")]
+    ConfigSize {
+        /// The function's slot.
+        slot: u8,
+        /// Its saved bytes.
+        len: usize,
+    },
+}
+
 /// A PCI function's configuration space: its bytes and which bits of each
 /// the guest may write.
 #[derive(Clone)]
@@ -136,31 +157,32 @@ impl PciBus {
 
     /// Checks that `s` is a state of this bus (the same functions, each
     /// with a whole configuration space) without changing anything.
-    pub fn check_state(&self, s: &PciState) -> Result<(), String> {
+    pub fn check_state(&self, s: &PciState) -> Result<(), PciStateError> {
         let ours: Vec<u8> = self.state().functions.iter().map(|f| f.slot).collect();
         let theirs: Vec<u8> = s.functions.iter().map(|f| f.slot).collect();
         if ours != theirs {
-            return Err(format!(
-                "PCI functions in slots {theirs:?}, this bus has {ours:?}"
-            ));
+            return Err(PciStateError::Slots { theirs, ours });
         }
         match s.functions.iter().find(|f| f.config.len() != CONFIG_BYTES) {
-            Some(f) => Err(format!(
-                "PCI slot {}: {} bytes of configuration space, not {CONFIG_BYTES}",
-                f.slot,
-                f.config.len()
-            )),
+            Some(f) => Err(PciStateError::ConfigSize {
+                slot: f.slot,
+                len: f.config.len(),
+            }),
             None => Ok(()),
         }
     }
 
     /// Puts the bus in a saved state (see [`Self::check_state`]): the
     /// address latch, and each function's writable bits.
-    pub fn restore(&mut self, s: &PciState) -> Result<(), String> {
+    pub fn restore(&mut self, s: &PciState) -> Result<(), PciStateError> {
         self.check_state(s)?;
         for f in &s.functions {
-            let saved = <&[u8; CONFIG_BYTES]>::try_from(f.config.as_slice())
-                .map_err(|_| format!("PCI slot {}: a short configuration space", f.slot))?;
+            let saved = <&[u8; CONFIG_BYTES]>::try_from(f.config.as_slice()).map_err(|_| {
+                PciStateError::ConfigSize {
+                    slot: f.slot,
+                    len: f.config.len(),
+                }
+            })?;
             if let Some(Some(c)) = self.slots.get_mut(usize::from(f.slot)) {
                 c.restore(saved);
             }
@@ -180,16 +202,18 @@ impl PciBus {
         Some((c, (a & 0xfc) as usize))
     }
 
-    /// The byte of the addressed dword at which a data-port access of
-    /// `len` bytes at port offset `offset` starts, if it is a sane one.
-    fn data_at(&mut self, offset: u64, len: usize) -> Option<usize> {
+    /// The function and the byte of its configuration space that a
+    /// data-port access of `len` bytes at port offset `offset` (4 to 7)
+    /// reaches: `None` for an absent function, or for a senseless access
+    /// (counted).
+    fn data_target(&mut self, offset: u64, len: usize) -> Option<(&mut ConfigSpace, usize)> {
         let byte = usize::try_from(offset.checked_sub(4)?).ok()?;
-        if matches!(len, 1 | 2 | 4) && byte + len <= 4 {
-            Some(byte)
-        } else {
+        if !matches!(len, 1 | 2 | 4) || byte + len > 4 {
             self.bad_accesses += 1;
-            None
+            return None;
         }
+        let (c, reg) = self.addressed()?;
+        Some((c, reg + byte))
     }
 }
 
@@ -205,11 +229,8 @@ impl BusDevice for PciBus {
             // registers on real boards; none here.
             return;
         }
-        let Some(byte) = self.data_at(offset, data.len()) else {
-            return;
-        };
-        if let Some((c, reg)) = self.addressed() {
-            c.read(reg + byte, data);
+        if let Some((c, at)) = self.data_target(offset, data.len()) {
+            c.read(at, data);
         }
     }
 
@@ -224,11 +245,8 @@ impl BusDevice for PciBus {
             // Linux's probe writes a byte to 0xCFB first: ignored.
             return;
         }
-        let Some(byte) = self.data_at(offset, data.len()) else {
-            return;
-        };
-        if let Some((c, reg)) = self.addressed() {
-            c.write(reg + byte, data);
+        if let Some((c, at)) = self.data_target(offset, data.len()) {
+            c.write(at, data);
         }
     }
 }

@@ -57,6 +57,14 @@ const B_24H: u8 = 0x02;
 const D_VRT: u8 = 0x80;
 const HOUR_PM: u8 = 0x80;
 
+/// A saved RTC state that is not one.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RtcError {
+    /// CMOS RAM of another size than 128 bytes.
+    #[error("{0} bytes of CMOS RAM, not {CMOS_BYTES}")]
+    RamSize(usize),
+}
+
 /// Where guest memory lies, as the memory-size bytes tell firmware.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemorySizes {
@@ -140,9 +148,9 @@ impl Rtc {
 
     /// Puts the RTC in a saved state; refused (nothing changes) unless it
     /// holds exactly the CMOS RAM's 128 bytes.
-    pub fn restore(&mut self, s: &RtcState) -> Result<(), String> {
+    pub fn restore(&mut self, s: &RtcState) -> Result<(), RtcError> {
         self.ram = <[u8; CMOS_BYTES]>::try_from(s.ram.as_slice())
-            .map_err(|_| format!("{} bytes of CMOS RAM, not {CMOS_BYTES}", s.ram.len()))?;
+            .map_err(|_| RtcError::RamSize(s.ram.len()))?;
         self.index = s.index;
         self.offset_s = s.offset_s;
         Ok(())

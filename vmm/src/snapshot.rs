@@ -439,31 +439,39 @@ impl<R: Read + Seek> Loader<R> {
         }
     }
 
-    /// The CMOS RTC, if the file has it.
-    fn rtc(&mut self) -> Result<Option<RtcState>, SnapshotError> {
-        let dev = section::device(RTC_ID);
+    /// The state in section `dev.<id>`, if the file has one (a device
+    /// added after the file's tandem).
+    fn optional_device(&mut self, id: &str) -> Result<Option<DeviceState>, SnapshotError> {
+        let dev = section::device(id);
         if self.reader.section(&dev).is_none() {
             return Ok(None);
         }
-        match self.state::<DeviceState>(&dev)? {
-            DeviceState::Rtc(s) if s.ram.len() == CMOS_BYTES => Ok(Some(s)),
-            DeviceState::Rtc(s) => Err(self.invalid(format!(
+        self.state(&dev).map(Some)
+    }
+
+    /// The CMOS RTC, if the file has it.
+    fn rtc(&mut self) -> Result<Option<RtcState>, SnapshotError> {
+        let dev = section::device(RTC_ID);
+        match self.optional_device(RTC_ID)? {
+            None => Ok(None),
+            Some(DeviceState::Rtc(s)) if s.ram.len() == CMOS_BYTES => Ok(Some(s)),
+            Some(DeviceState::Rtc(s)) => Err(self.invalid(format!(
                 "section {dev}: {} bytes of CMOS RAM, not {CMOS_BYTES}",
                 s.ram.len()
             ))),
-            _ => Err(self.invalid(format!("section {dev} is not a CMOS RTC"))),
+            Some(_) => Err(self.invalid(format!("section {dev} is not a CMOS RTC"))),
         }
     }
 
     /// fw_cfg, if the file has it.
     fn fw_cfg(&mut self) -> Result<Option<FwCfgState>, SnapshotError> {
-        let dev = section::device(FW_CFG_ID);
-        if self.reader.section(&dev).is_none() {
-            return Ok(None);
-        }
-        match self.state::<DeviceState>(&dev)? {
-            DeviceState::FwCfg(s) => Ok(Some(s)),
-            _ => Err(self.invalid(format!("section {dev} is not fw_cfg"))),
+        match self.optional_device(FW_CFG_ID)? {
+            None => Ok(None),
+            Some(DeviceState::FwCfg(s)) => Ok(Some(s)),
+            Some(_) => Err(self.invalid(format!(
+                "section {} is not fw_cfg",
+                section::device(FW_CFG_ID)
+            ))),
         }
     }
 

@@ -310,7 +310,9 @@ impl VmHandle {
         }
         match (&self.0.devices.pci, &s.pci) {
             (None, None) => {}
-            (Some(bus), Some(p)) => lock(bus).check_state(p).map_err(VmOpError::Foreign)?,
+            (Some(bus), Some(p)) => lock(bus)
+                .check_state(p)
+                .map_err(|e| VmOpError::Foreign(e.to_string()))?,
             (Some(_), None) => return foreign("no PCI bus, this VM has one".into()),
             (None, Some(_)) => return foreign("a PCI bus, this VM has none".into()),
         }
@@ -355,7 +357,9 @@ impl VmHandle {
         }
         self.0.devices.restore_serial(&s.serial)?;
         if let (Some(bus), Some(p)) = (&self.0.devices.pci, &s.pci) {
-            lock(bus).restore(p).map_err(VmOpError::Foreign)?;
+            lock(bus)
+                .restore(p)
+                .map_err(|e| VmOpError::Foreign(e.to_string()))?;
         }
         if let Some(f) = &s.fw_cfg {
             lock(&self.0.devices.fw_cfg).restore(f);
