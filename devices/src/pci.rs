@@ -3,9 +3,13 @@
 //! register 7:2), ports 0xCFC-0xCFF read and write the addressed dword's
 //! bytes. On the bus sits a host bridge at 00:00.0 that says it is an
 //! i440FX (8086:1237, class 06:00:00), the one firmware such as OVMF
-//! looks for; virtio-pci functions are to join it.
+//! looks for, and the virtio-pci functions ([`PciFunction`]). The memory
+//! BARs of the functions are reached through [`PciWindow`], one MMIO range
+//! on the VM's bus that decodes each access by where the BARs are now, so
+//! a guest that sizes and moves a BAR needs no change of the bus.
 //!
-//! Driven by whichever vCPU thread exits on the ports; never blocks. A
+//! Driven by whichever vCPU thread exits on the ports or the window; never
+//! blocks (the bus's lock, then a function's, for one access). A
 //! guest access that makes no sense (a size other than 1, 2 or 4 bytes, a
 //! data access that crosses its dword) reads all ones, writes nothing and
 //! is counted; an absent function reads all ones, as on real hardware.
@@ -13,9 +17,11 @@
 //! restores those bytes and nothing else, so a snapshot file cannot change
 //! what a function says it is.
 
+use std::sync::{Arc, Mutex};
+
 use migration::devices::{PciFunctionState, PciState};
 
-use crate::bus::BusDevice;
+use crate::bus::{lock, BusDevice};
 
 /// The first port of configuration mechanism #1.
 pub const PCI_CONFIG_PORT: u64 = 0xcf8;
@@ -81,23 +87,143 @@ impl ConfigSpace {
         c
     }
 
-    fn read(&self, at: usize, data: &mut [u8]) {
-        data.copy_from_slice(&self.bytes[at..at + data.len()]);
+    /// Its bytes as the guest reads them.
+    pub fn bytes(&self) -> &[u8; CONFIG_BYTES] {
+        &self.bytes
     }
 
-    fn write(&mut self, at: usize, data: &[u8]) {
+    /// Reads `data.len()` bytes at `at` (the caller checks the range).
+    pub fn read(&self, at: usize, data: &mut [u8]) {
+        if let Some(src) = self.bytes.get(at..at + data.len()) {
+            data.copy_from_slice(src);
+        }
+    }
+
+    /// The dword at `at`.
+    pub fn dword(&self, at: usize) -> u32 {
+        let mut b = [0u8; 4];
+        self.read(at, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    /// Sets bytes at `at` as the device (not the guest) does.
+    pub fn set(&mut self, at: usize, data: &[u8]) {
+        if let Some(dst) = self.bytes.get_mut(at..at + data.len()) {
+            dst.copy_from_slice(data);
+        }
+    }
+
+    /// Lets the guest write the bits of `mask` from `at` on.
+    pub fn set_writable(&mut self, at: usize, mask: &[u8]) {
+        if let Some(dst) = self.writable.get_mut(at..at + mask.len()) {
+            dst.copy_from_slice(mask);
+        }
+    }
+
+    /// Sets subsystem vendor and subsystem IDs.
+    pub fn set_subsystem(&mut self, vendor: u16, id: u16) {
+        self.set(0x2c, &vendor.to_le_bytes());
+        self.set(0x2e, &id.to_le_bytes());
+    }
+
+    /// Makes BAR `index` a 32-bit, non-prefetchable memory BAR of `size`
+    /// bytes (a power of two of at least 16) at `base`: the guest sizes it
+    /// by writing all ones and moves it by writing an address.
+    pub fn set_memory_bar(&mut self, index: usize, base: u32, size: u32) {
+        let at = 0x10 + 4 * index;
+        let mask = !(size.max(16) - 1);
+        self.set(at, &(base & mask).to_le_bytes());
+        self.set_writable(at, &mask.to_le_bytes());
+    }
+
+    /// Where memory BAR `index` is now (its address bits).
+    pub fn memory_bar(&self, index: usize) -> u32 {
+        self.dword(0x10 + 4 * index) & !0xf
+    }
+
+    /// Whether the command register lets the function decode memory.
+    pub fn memory_enabled(&self) -> bool {
+        self.bytes[0x04] & 0x02 != 0
+    }
+
+    /// Appends a capability (`body`: its ID, a byte for the next pointer,
+    /// then the rest) to the list, at `at` (dword-aligned, above the
+    /// header); returns `at`.
+    pub fn add_capability(&mut self, at: usize, body: &[u8]) -> usize {
+        // Find the end of the list.
+        let mut link = 0x34;
+        let mut guard = 0;
+        while self.bytes[link] != 0 && guard < 48 {
+            link = usize::from(self.bytes[link]) + 1;
+            guard += 1;
+        }
+        self.set(at, body);
+        self.bytes[at + 1] = 0;
+        self.bytes[link] = at as u8;
+        // Status: capabilities list.
+        self.bytes[0x06] |= 0x10;
+        at
+    }
+
+    /// A guest write of `data` at `at`: only the writable bits change.
+    pub fn write(&mut self, at: usize, data: &[u8]) {
         for (i, &v) in data.iter().enumerate() {
-            let m = self.writable[at + i];
-            let b = &mut self.bytes[at + i];
+            let (Some(&m), Some(b)) = (self.writable.get(at + i), self.bytes.get_mut(at + i))
+            else {
+                return;
+            };
             *b = (*b & !m) | (v & m);
         }
     }
 
     /// Takes the writable bits of `saved` (256 bytes), keeping the rest.
-    fn restore(&mut self, saved: &[u8; CONFIG_BYTES]) {
+    pub fn restore(&mut self, saved: &[u8; CONFIG_BYTES]) {
         for (at, &v) in saved.iter().enumerate() {
             self.write(at, &[v]);
         }
+    }
+}
+
+/// A function on bus 0, as the bus reaches it. Accesses come from the
+/// guest: a function takes any offset and size the bus passes (config
+/// accesses are inside its 256 bytes and dword; BAR accesses inside the
+/// BAR) and never panics.
+pub trait PciFunction: Send {
+    /// Its configuration space.
+    fn config(&self) -> &ConfigSpace;
+    /// A guest write to its configuration space.
+    fn write_config(&mut self, at: usize, data: &[u8]);
+    /// Puts back the writable bits of a saved configuration space.
+    fn restore_config(&mut self, saved: &[u8; CONFIG_BYTES]);
+    /// The memory range it decodes now (base, length): its BAR, while
+    /// memory decoding is on.
+    fn decoded_bar(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// A guest read at `offset` in its BAR.
+    fn read_bar(&mut self, _offset: u64, data: &mut [u8]) {
+        data.fill(0xff);
+    }
+    /// A guest write at `offset` in its BAR.
+    fn write_bar(&mut self, _offset: u64, _data: &[u8]) {}
+}
+
+/// A function on the bus, shared with whoever else holds it (the VMM
+/// keeps the virtio ones for their state).
+pub type SharedFunction = Arc<Mutex<dyn PciFunction>>;
+
+/// The i440FX host bridge.
+pub struct HostBridge(ConfigSpace);
+
+impl PciFunction for HostBridge {
+    fn config(&self) -> &ConfigSpace {
+        &self.0
+    }
+    fn write_config(&mut self, at: usize, data: &[u8]) {
+        self.0.write(at, data);
+    }
+    fn restore_config(&mut self, saved: &[u8; CONFIG_BYTES]) {
+        self.0.restore(saved);
     }
 }
 
@@ -106,10 +232,18 @@ pub fn host_bridge() -> ConfigSpace {
     ConfigSpace::new(0x8086, 0x1237, 0x02, [0x06, 0x00, 0x00])
 }
 
+/// A bus error of the VMM's making (not the guest's).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PciBusError {
+    /// The slot is taken or out of range.
+    #[error("PCI slot {0} is taken or does not exist")]
+    SlotTaken(u8),
+}
+
 /// Bus 0 and the two ports that reach it.
 pub struct PciBus {
     address: u32,
-    slots: Vec<Option<ConfigSpace>>,
+    slots: Vec<Option<SharedFunction>>,
     bad_accesses: u64,
 }
 
@@ -122,13 +256,29 @@ impl Default for PciBus {
 impl PciBus {
     /// Bus 0 with the host bridge at 00:00.0.
     pub fn new() -> PciBus {
-        let mut slots = vec![None; SLOTS];
-        slots[0] = Some(host_bridge());
+        let mut slots: Vec<Option<SharedFunction>> = vec![None; SLOTS];
+        slots[0] = Some(Arc::new(Mutex::new(HostBridge(host_bridge()))));
         PciBus {
             address: 0,
             slots,
             bad_accesses: 0,
         }
+    }
+
+    /// Puts `function` in `slot` (1 to 31; 0 is the host bridge's).
+    pub fn add(&mut self, slot: u8, function: SharedFunction) -> Result<(), PciBusError> {
+        match self.slots.get_mut(usize::from(slot)) {
+            Some(s @ None) => {
+                *s = Some(function);
+                Ok(())
+            }
+            _ => Err(PciBusError::SlotTaken(slot)),
+        }
+    }
+
+    /// The first free slot.
+    pub fn free_slot(&self) -> Option<u8> {
+        self.slots.iter().position(Option::is_none).map(|s| s as u8)
     }
 
     /// Guest accesses that made no sense (answered with all ones, or
@@ -145,10 +295,10 @@ impl PciBus {
                 .slots
                 .iter()
                 .enumerate()
-                .filter_map(|(slot, c)| {
-                    c.as_ref().map(|c| PciFunctionState {
+                .filter_map(|(slot, f)| {
+                    f.as_ref().map(|f| PciFunctionState {
                         slot: slot as u8,
-                        config: c.bytes.to_vec(),
+                        config: lock(f).config().bytes().to_vec(),
                     })
                 })
                 .collect(),
@@ -159,6 +309,13 @@ impl PciBus {
     /// with a whole configuration space) without changing anything.
     pub fn check_state(&self, s: &PciState) -> Result<(), PciStateError> {
         let ours: Vec<u8> = self.state().functions.iter().map(|f| f.slot).collect();
+        Self::check_shape(s, &ours)
+    }
+
+    /// Checks that `s` holds the functions of slots `ours` (in order), each
+    /// with a whole configuration space: a bus's shape, without the bus.
+    pub fn check_shape(s: &PciState, ours: &[u8]) -> Result<(), PciStateError> {
+        let ours = ours.to_vec();
         let theirs: Vec<u8> = s.functions.iter().map(|f| f.slot).collect();
         if ours != theirs {
             return Err(PciStateError::Slots { theirs, ours });
@@ -183,8 +340,8 @@ impl PciBus {
                     len: f.config.len(),
                 }
             })?;
-            if let Some(Some(c)) = self.slots.get_mut(usize::from(f.slot)) {
-                c.restore(saved);
+            if let Some(Some(function)) = self.slots.get(usize::from(f.slot)) {
+                lock(function).restore_config(saved);
             }
         }
         self.address = s.address & ADDRESS_BITS;
@@ -192,28 +349,77 @@ impl PciBus {
     }
 
     /// The function CONFIG_ADDRESS names, and the register's offset.
-    fn addressed(&mut self) -> Option<(&mut ConfigSpace, usize)> {
+    fn addressed(&self) -> Option<(SharedFunction, usize)> {
         let a = self.address;
         let (bus, slot, function) = ((a >> 16) & 0xff, (a >> 11) & 0x1f, (a >> 8) & 7);
         if a & ENABLE == 0 || bus != 0 || function != 0 {
             return None;
         }
-        let c = self.slots.get_mut(slot as usize)?.as_mut()?;
-        Some((c, (a & 0xfc) as usize))
+        let f = self.slots.get(slot as usize)?.as_ref()?.clone();
+        Some((f, (a & 0xfc) as usize))
     }
 
     /// The function and the byte of its configuration space that a
     /// data-port access of `len` bytes at port offset `offset` (4 to 7)
     /// reaches: `None` for an absent function, or for a senseless access
     /// (counted).
-    fn data_target(&mut self, offset: u64, len: usize) -> Option<(&mut ConfigSpace, usize)> {
+    fn data_target(&mut self, offset: u64, len: usize) -> Option<(SharedFunction, usize)> {
         let byte = usize::try_from(offset.checked_sub(4)?).ok()?;
         if !matches!(len, 1 | 2 | 4) || byte + len > 4 {
             self.bad_accesses += 1;
             return None;
         }
-        let (c, reg) = self.addressed()?;
-        Some((c, reg + byte))
+        let (f, reg) = self.addressed()?;
+        Some((f, reg + byte))
+    }
+
+    /// The function whose BAR holds guest-physical `addr`, and the offset
+    /// in the BAR.
+    fn bar_target(&self, addr: u64, len: usize) -> Option<(SharedFunction, u64)> {
+        self.slots.iter().flatten().find_map(|f| {
+            let (base, size) = lock(f).decoded_bar()?;
+            let off = addr.checked_sub(base)?;
+            (off.checked_add(len as u64)? <= size).then(|| (f.clone(), off))
+        })
+    }
+}
+
+/// The MMIO range where the functions' BARs live (they may move inside
+/// it): every access is decoded by where the BARs are at that moment; one
+/// that hits no BAR reads all ones and is counted.
+pub struct PciWindow {
+    bus: Arc<Mutex<PciBus>>,
+    base: u64,
+}
+
+impl PciWindow {
+    /// The window of `bus` starting at guest-physical `base`.
+    pub fn new(bus: Arc<Mutex<PciBus>>, base: u64) -> PciWindow {
+        PciWindow { bus, base }
+    }
+
+    fn target(&self, offset: u64, len: usize) -> Option<(SharedFunction, u64)> {
+        let mut bus = lock(&self.bus);
+        let t = bus.bar_target(self.base.checked_add(offset)?, len);
+        if t.is_none() {
+            bus.bad_accesses += 1;
+        }
+        t
+    }
+}
+
+impl BusDevice for PciWindow {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        match self.target(offset, data.len()) {
+            Some((f, at)) => lock(&f).read_bar(at, data),
+            None => data.fill(0xff),
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if let Some((f, at)) = self.target(offset, data.len()) {
+            lock(&f).write_bar(at, data);
+        }
     }
 }
 
@@ -229,8 +435,8 @@ impl BusDevice for PciBus {
             // registers on real boards; none here.
             return;
         }
-        if let Some((c, at)) = self.data_target(offset, data.len()) {
-            c.read(at, data);
+        if let Some((f, at)) = self.data_target(offset, data.len()) {
+            lock(&f).config().read(at, data);
         }
     }
 
@@ -245,8 +451,8 @@ impl BusDevice for PciBus {
             // Linux's probe writes a byte to 0xCFB first: ignored.
             return;
         }
-        if let Some((c, at)) = self.data_target(offset, data.len()) {
-            c.write(at, data);
+        if let Some((f, at)) = self.data_target(offset, data.len()) {
+            lock(&f).write_config(at, data);
         }
     }
 }

@@ -266,6 +266,7 @@ fn blk(mem: &GuestMemoryMmap, n: u64, live: bool) -> (DeviceConfig, DeviceState)
     let ops = bring_up(0x204, 1, &[queue(0, 128, 0x10_0000)], live);
     let transport = saved(probed_block(mem, &id), &ops);
     let config = DeviceConfig::Blk {
+        pci: None,
         id: id.clone(),
         path: "/var/lib/tandem/disk.img".into(),
         readonly: false,
@@ -274,6 +275,7 @@ fn blk(mem: &GuestMemoryMmap, n: u64, live: bool) -> (DeviceConfig, DeviceState)
         slot: slot(n),
     };
     let state = DeviceState::VirtioBlk {
+        pci: None,
         transport,
         blk: migration::devices::BlkState {
             path: "/var/lib/tandem/disk.img".into(),
@@ -296,6 +298,7 @@ fn net(mem: &GuestMemoryMmap, rsc: bool) -> (DeviceConfig, DeviceState) {
     let transport = saved(probed_net(mem, rsc), &[&ops[..], &w(0x50, 0)].concat());
     let acked_features = transport.acked_features;
     let config = DeviceConfig::Net {
+        pci: None,
         id: "net0".into(),
         tap: "tap0".into(),
         mac: MAC,
@@ -303,6 +306,7 @@ fn net(mem: &GuestMemoryMmap, rsc: bool) -> (DeviceConfig, DeviceState) {
         slot: slot(0),
     };
     let state = DeviceState::VirtioNet {
+        pci: None,
         transport,
         net: NetState {
             mac: MAC,

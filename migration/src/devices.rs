@@ -24,19 +24,27 @@ pub enum DeviceState {
     Pci(PciState),
     /// The firmware configuration interface (where the guest is in a read).
     FwCfg(FwCfgState),
-    /// A virtio-net device behind its virtio-mmio transport.
+    /// A virtio-net device behind its transport.
     VirtioNet {
         /// The transport's registers and queues.
         transport: MmioTransportState,
         /// The device's own state.
         net: NetState,
+        /// What virtio-pci keeps beyond the common registers (absent for
+        /// virtio-mmio).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pci: Option<VirtioPciState>,
     },
-    /// A virtio-blk device behind its virtio-mmio transport.
+    /// A virtio-blk device behind its transport.
     VirtioBlk {
         /// The transport's registers and queues.
         transport: MmioTransportState,
         /// The device's own state.
         blk: BlkState,
+        /// What virtio-pci keeps beyond the common registers (absent for
+        /// virtio-mmio).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pci: Option<VirtioPciState>,
     },
 }
 
@@ -145,7 +153,36 @@ pub struct PciFunctionState {
     pub config: Vec<u8>,
 }
 
-/// The virtio-mmio (v2) transport's registers.
+/// What a virtio-pci transport keeps beyond the registers every virtio
+/// transport has ([`MmioTransportState`]); its configuration space (BAR,
+/// command, MSI-X enable) is in the PCI bus's section.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VirtioPciState {
+    /// The MSI-X vector of configuration changes (0xffff: none).
+    pub config_vector: u16,
+    /// Each queue's MSI-X vector.
+    pub queue_vectors: Vec<u16>,
+    /// The MSI-X table.
+    pub msix: Vec<MsixEntryState>,
+}
+
+/// One MSI-X table entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MsixEntryState {
+    /// Message address.
+    pub address: u64,
+    /// Message data.
+    pub data: u32,
+    /// The vector's mask bit.
+    pub masked: bool,
+    /// Its pending bit.
+    pub pending: bool,
+}
+
+/// The registers every virtio transport has (named for virtio-mmio, the
+/// first; virtio-pci's common configuration holds the same).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MmioTransportState {

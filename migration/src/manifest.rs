@@ -72,8 +72,13 @@ pub enum DeviceConfig {
         /// Receive segment coalescing (changes the features offered).
         #[serde(default)]
         rsc: bool,
-        /// Where the guest finds it.
+        /// Where the guest finds it on virtio-mmio (kept, unused, when it
+        /// is on PCI).
         slot: MmioSlot,
+        /// Its device number on PCI bus 0, when it is a virtio-pci
+        /// function (`transport=pci`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pci: Option<u8>,
     },
     /// A virtio-blk disk.
     Blk {
@@ -89,8 +94,13 @@ pub enum DeviceConfig {
         /// The id the guest reads (`/sys/block/vdX/serial`).
         #[serde(default)]
         serial: String,
-        /// Where the guest finds it.
+        /// Where the guest finds it on virtio-mmio (kept, unused, when it
+        /// is on PCI).
         slot: MmioSlot,
+        /// Its device number on PCI bus 0, when it is a virtio-pci
+        /// function (`transport=pci`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pci: Option<u8>,
     },
 }
 
@@ -105,12 +115,28 @@ impl DeviceConfig {
         }
     }
 
-    /// Where a virtio device sits (`None` for the serial console).
+    /// Where a virtio-mmio device sits (`None` for the serial console, the
+    /// host bridge and a virtio-pci device).
     pub fn slot(&self) -> Option<MmioSlot> {
         match self {
             DeviceConfig::Serial { .. } | DeviceConfig::PciHost { .. } => None,
-            DeviceConfig::Net { slot, .. } | DeviceConfig::Blk { slot, .. } => Some(*slot),
+            DeviceConfig::Net { slot, pci, .. } | DeviceConfig::Blk { slot, pci, .. } => {
+                pci.is_none().then_some(*slot)
+            }
         }
+    }
+
+    /// The PCI device number of a virtio-pci device.
+    pub fn pci_slot(&self) -> Option<u8> {
+        match self {
+            DeviceConfig::Net { pci, .. } | DeviceConfig::Blk { pci, .. } => *pci,
+            _ => None,
+        }
+    }
+
+    /// Whether it is a virtio device (on either transport).
+    pub fn is_virtio(&self) -> bool {
+        matches!(self, DeviceConfig::Net { .. } | DeviceConfig::Blk { .. })
     }
 
     /// A short human description: "NIC net0 on tap0".
@@ -210,6 +236,17 @@ fn compare_device(
             ));
         }
     };
+    let where_ = |p: Option<u8>| match p {
+        Some(n) => format!("on PCI at 00:{n:02x}.0 (transport=pci)"),
+        None => "on virtio-mmio (transport=mmio)".to_string(),
+    };
+    if saved.pci_slot() != asked.pci_slot() {
+        errors.push(format!(
+            "device {id}: snapshot has it {}, this VM puts it {}",
+            where_(saved.pci_slot()),
+            where_(asked.pci_slot())
+        ));
+    }
     match (saved, asked) {
         (Serial { .. }, Serial { .. }) | (PciHost { .. }, PciHost { .. }) => {}
         (

@@ -4,6 +4,7 @@ use migration::manifest::{check_compatible, CompatError, DeviceConfig, Manifest,
 
 fn net(id: &str, tap: &str, mac_last: u8, base: u64) -> DeviceConfig {
     DeviceConfig::Net {
+        pci: None,
         id: id.into(),
         tap: tap.into(),
         mac: [0x52, 0x54, 0, 0, 0, mac_last],
@@ -17,6 +18,7 @@ fn net(id: &str, tap: &str, mac_last: u8, base: u64) -> DeviceConfig {
 
 fn blk(id: &str, path: &str, readonly: bool) -> DeviceConfig {
     DeviceConfig::Blk {
+        pci: None,
         id: id.into(),
         path: path.into(),
         readonly,

@@ -512,6 +512,7 @@ fn device_states_round_trip_and_convert() {
     let states = [
         DeviceState::Serial(serial),
         DeviceState::VirtioNet {
+            pci: None,
             transport: transport.clone(),
             net: NetState {
                 mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56],
@@ -520,6 +521,7 @@ fn device_states_round_trip_and_convert() {
             },
         },
         DeviceState::VirtioBlk {
+            pci: None,
             transport,
             blk: BlkState {
                 path: "/var/lib/disk.img".into(),
@@ -570,6 +572,7 @@ fn a_whole_snapshot_saves_and_restores() {
         mem_bytes: 8 << 20,
         vcpus: 1,
         devices: vec![DeviceConfig::Net {
+            pci: None,
             id: "net0".into(),
             tap: "tap0".into(),
             mac: [2, 0, 0, 0, 0, 1],

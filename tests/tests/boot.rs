@@ -1,24 +1,13 @@
 //! Boots real guests under KVM and checks them through the serial console.
 //! Each test is one boot (half a minute to a minute here): checks share it.
-//! One boots a PCI machine (`--machine pci`) and restores it once.
+//! (The PCI machine's boot is in pci.rs.)
 
 use std::time::Duration;
 
-use tandem_tests::base::scratch;
-use tandem_tests::{ctl, guest_file, tail, tandem_output, TestVm};
+use tandem_tests::{guest_file, tail, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 const EXIT: Duration = tandem_tests::budget(Duration::from_secs(30));
-
-/// The command line tandem gives the default guest on this host, before
-/// what the host needs is appended (README, "Using it").
-fn boot_cmdline() -> &'static str {
-    if tandem_tests::host_is_emulated() {
-        "console=ttyS0 reboot=k panic=1 quiet"
-    } else {
-        "console=ttyS0 reboot=k panic=1"
-    }
-}
 
 #[test]
 fn default_guest_on_one_vcpu_runs_commands_and_reboots() {
@@ -64,95 +53,6 @@ fn default_guest_on_one_vcpu_runs_commands_and_reboots() {
     vm.send("reboot -f\n");
     let st = vm.wait_exit(EXIT);
     assert_eq!(st.code(), Some(0), "guest reboot ends tandem with 0");
-}
-
-/// Two vCPUs on a PCI machine: the guest kernel finds the host bridge at
-/// 00:00.0 through ports 0xCF8/0xCFC and sets its command register, and
-/// reads fw_cfg (told its ports on the command line, as there is no ACPI
-/// to name it): its signature, and the memory map and boot order files;
-/// the VM is snapshotted and restored in a new process (machine from the
-/// file; `--machine legacy` refused), where the bridge's configuration
-/// space, read live, is as the guest left it; power-off exits 0.
-#[test]
-fn two_vcpus_on_a_pci_machine_boot_restore_and_poweroff_exits_zero() {
-    let sock = scratch("boot-pci.sock");
-    let snap = scratch("boot-pci.snap");
-    let s = sock.to_str().unwrap();
-    let cmdline = format!("{} qemu_fw_cfg.ioport=2@0x510:0:1", boot_cmdline());
-    let mut vm = TestVm::boot_default(&[
-        "--cpus",
-        "2",
-        "--machine",
-        "pci",
-        "--api-sock",
-        s,
-        "--cmdline",
-        &cmdline,
-    ]);
-    vm.remove_on_drop(snap.clone());
-    assert_eq!(vm.ok("nproc", CMD), "2");
-    let online = vm.ok("cat /sys/devices/system/cpu/online", CMD);
-    assert_eq!(online, "0-1");
-    let bridge = "/sys/bus/pci/devices/0000:00:00.0";
-    let ids = vm.ok(
-        &format!("cat {bridge}/vendor {bridge}/device {bridge}/class"),
-        CMD,
-    );
-    assert_eq!(
-        ids.split_whitespace().collect::<Vec<_>>(),
-        ["0x8086", "0x1237", "0x060000"],
-        "{ids}"
-    );
-    assert_eq!(vm.ok("ls /sys/bus/pci/devices | wc -l", CMD), "1");
-    // The guest enables memory and I/O decoding and bus mastering
-    // through the config ports (setpci is not in busybox: dd at offset 4).
-    vm.ok(
-        &format!("printf '\\007' | dd of={bridge}/config bs=1 seek=4 conv=notrunc 2>/dev/null"),
-        CMD,
-    );
-    let config = |vm: &mut TestVm| vm.ok(&format!("od -An -tx1 -N8 {bridge}/config"), CMD);
-    let before = config(&mut vm);
-    assert_eq!(
-        before.split_whitespace().collect::<Vec<_>>(),
-        ["86", "80", "37", "12", "07", "00", "00", "00"],
-        "{before}"
-    );
-
-    // fw_cfg, through Linux's qemu_fw_cfg driver: interface 1 (no DMA),
-    // an empty boot order, and one RAM entry of 128 MiB in etc/e820.
-    let fw = "/sys/firmware/qemu_fw_cfg";
-    assert_eq!(vm.ok(&format!("cat {fw}/rev"), CMD), "1");
-    let sizes = vm.ok(
-        &format!("cat {fw}/by_name/bootorder/size {fw}/by_name/etc/e820/size"),
-        CMD,
-    );
-    assert_eq!(sizes.split_whitespace().collect::<Vec<_>>(), ["0", "20"]);
-    let e820 = vm.ok(&format!("od -An -tx1 -v {fw}/by_name/etc/e820/raw"), CMD);
-    let want = "00 00 00 00 00 00 00 00 00 00 00 08 00 00 00 00 01 00 00 00";
-    assert_eq!(e820.split_whitespace().collect::<Vec<_>>().join(" "), want);
-
-    let (code, a) = ctl(&sock, &["snapshot", snap.to_str().unwrap()]);
-    assert_eq!(code, 0, "{a}");
-    vm.kill();
-    let out = tandem_output(&[
-        "run",
-        "--restore",
-        snap.to_str().unwrap(),
-        "--machine",
-        "legacy",
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("snapshot has PCI host bridge pci0 (--machine pci); none given"),
-        "{err}"
-    );
-    let mut again = TestVm::restore(&snap, &[]);
-    assert_eq!(config(&mut again), before);
-    assert_eq!(again.ok("cat /sys/devices/system/cpu/online", CMD), "0-1");
-    again.send("poweroff -f\n");
-    let st = again.wait_exit(EXIT);
-    assert_eq!(st.code(), Some(0), "guest poweroff ends tandem with 0");
 }
 
 #[test]

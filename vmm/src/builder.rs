@@ -107,7 +107,7 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     // The devices: legacy ports, then the virtio devices (NICs, then disks:
     // the guest probes them in command-line order, so the first --disk is
     // vda), each announced on the command line.
-    let virtio_configs = device_manager::virtio_configs(&cfg.nets, &cfg.disks)?;
+    let virtio_configs = device_manager::virtio_configs(&cfg.nets, &cfg.disks, cfg.machine)?;
     let manifest = device_manager::manifest(
         cfg.mem_bytes,
         u32::from(cfg.cpus),

@@ -43,9 +43,12 @@ pub enum ConfigError {
     CpusTooMany { asked: u64, limit: u8 },
     #[error(
         "--net '{0}': expected \
-         tap=NAME[,mac=AA:BB:CC:DD:EE:FF][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]"
+         tap=NAME[,mac=AA:BB:CC:DD:EE:FF][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]\
+         [,transport=mmio|pci]"
     )]
     NetSyntax(String),
+    #[error("'{0}': transport '{1}' is not mmio or pci")]
+    Transport(String, String),
     #[error("--net '{0}': rsc '{1}' is not on or off")]
     NetRsc(String, String),
     #[error(
@@ -60,7 +63,7 @@ pub enum ConfigError {
     NetMac(String, String),
     #[error("--net '{0}': tap name must be 1 to 15 bytes")]
     NetTapName(String),
-    #[error("--disk '{0}': expected path=FILE[,readonly=on|off][,id=NAME]")]
+    #[error("--disk '{0}': expected path=FILE[,readonly=on|off][,id=NAME][,transport=mmio|pci]")]
     DiskSyntax(String),
     #[error("--disk '{0}': readonly must be 'on' or 'off', not '{1}'")]
     DiskReadonly(String, String),
@@ -176,6 +179,36 @@ pub struct NetSpec {
     /// How long RSC lets a partly coalesced packet wait for more segments
     /// (`rsc_interval_us=`); used only with `rsc`.
     pub rsc_interval: Duration,
+    /// `transport=`; `None`: the machine's default.
+    pub transport: Option<VirtioTransport>,
+}
+
+/// The transport of a virtio device (`transport=mmio|pci`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VirtioTransport {
+    /// virtio-mmio, announced on the kernel command line.
+    Mmio,
+    /// virtio-pci (modern, MSI-X) on PCI bus 0: needs `--machine pci`.
+    Pci,
+}
+
+impl VirtioTransport {
+    /// The transport `asked` resolves to on `machine`: by default PCI on a
+    /// PCI machine, virtio-mmio otherwise.
+    pub fn resolve(asked: Option<VirtioTransport>, machine: Machine) -> VirtioTransport {
+        asked.unwrap_or(match machine {
+            Machine::Pci => VirtioTransport::Pci,
+            Machine::Legacy => VirtioTransport::Mmio,
+        })
+    }
+}
+
+fn parse_transport(v: &str) -> Option<VirtioTransport> {
+    match v {
+        "mmio" => Some(VirtioTransport::Mmio),
+        "pci" => Some(VirtioTransport::Pci),
+        _ => None,
+    }
 }
 
 /// Default RSC drain interval (design §4; QEMU's default too).
@@ -189,7 +222,8 @@ fn split_pairs(s: &str) -> Option<Vec<(&str, &str)>> {
     s.split(',').map(|part| part.split_once('=')).collect()
 }
 
-/// Parses `tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]`.
+/// Parses
+/// `tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N][,transport=mmio|pci]`.
 pub fn parse_net(s: &str) -> Result<NetSpec, ConfigError> {
     let pairs = split_pairs(s).ok_or_else(|| ConfigError::NetSyntax(s.to_string()))?;
     net_from_pairs(s, &pairs)
@@ -203,9 +237,16 @@ pub fn net_from_pairs(s: &str, pairs: &[(&str, &str)]) -> Result<NetSpec, Config
     let mut sndbuf = None;
     let mut rsc = false;
     let mut rsc_interval = DEFAULT_RSC_INTERVAL;
+    let mut transport = None;
     for &(k, v) in pairs {
         match k {
             "tap" => tap = Some(v.to_string()),
+            "transport" => {
+                transport = Some(
+                    parse_transport(v)
+                        .ok_or_else(|| ConfigError::Transport(s.to_string(), v.to_string()))?,
+                )
+            }
             "mac" => {
                 mac = Some(
                     parse_mac(v)
@@ -246,6 +287,7 @@ pub fn net_from_pairs(s: &str, pairs: &[(&str, &str)]) -> Result<NetSpec, Config
         sndbuf,
         rsc,
         rsc_interval,
+        transport,
     })
 }
 
@@ -313,12 +355,14 @@ pub struct DiskSpec {
     pub readonly: bool,
     /// The device id the guest reads (`/sys/block/vdX/serial`).
     pub id: Option<String>,
+    /// `transport=`; `None`: the machine's default.
+    pub transport: Option<VirtioTransport>,
 }
 
 /// Longest device id virtio-blk carries.
 pub const DISK_ID_MAX: usize = 20;
 
-/// Parses `path=FILE[,readonly=on|off][,id=NAME]` (each key at most once;
+/// Parses `path=FILE[,readonly=on|off][,id=NAME][,transport=mmio|pci]` (each key at most once;
 /// a path cannot contain a comma).
 pub fn parse_disk(s: &str) -> Result<DiskSpec, ConfigError> {
     let pairs = split_pairs(s).ok_or_else(|| ConfigError::DiskSyntax(s.to_string()))?;
@@ -329,9 +373,14 @@ pub fn parse_disk(s: &str) -> Result<DiskSpec, ConfigError> {
 /// the option as the user wrote it (or its equivalent), is what errors name.
 pub fn disk_from_pairs(s: &str, pairs: &[(&str, &str)]) -> Result<DiskSpec, ConfigError> {
     let syntax = || ConfigError::DiskSyntax(s.to_string());
-    let (mut path, mut readonly, mut id) = (None, None, None);
+    let (mut path, mut readonly, mut id, mut transport) = (None, None, None, None);
     for &(k, v) in pairs {
         let slot_taken = match k {
+            "transport" => {
+                let t = parse_transport(v)
+                    .ok_or_else(|| ConfigError::Transport(s.to_string(), v.to_string()))?;
+                transport.replace(t).is_some()
+            }
             "path" => path.replace(PathBuf::from(v)).is_some() || v.is_empty(),
             "readonly" => {
                 let ro = match v {
@@ -358,6 +407,7 @@ pub fn disk_from_pairs(s: &str, pairs: &[(&str, &str)]) -> Result<DiskSpec, Conf
         path: path.ok_or_else(syntax)?,
         readonly: readonly.unwrap_or(false),
         id,
+        transport,
     })
 }
 
@@ -471,6 +521,7 @@ mod tests {
                 sndbuf: None,
                 rsc: false,
                 rsc_interval: DEFAULT_RSC_INTERVAL,
+                transport: None,
             })
         );
         assert_eq!(
@@ -481,6 +532,7 @@ mod tests {
                 sndbuf: None,
                 rsc: false,
                 rsc_interval: DEFAULT_RSC_INTERVAL,
+                transport: None,
             })
         );
         assert_eq!(parse_net("tap=t,sndbuf=64K").unwrap().sndbuf, Some(65536));
@@ -520,13 +572,40 @@ mod tests {
     }
 
     #[test]
+    fn transport_options() {
+        let t = |s: &str| parse_net(s).map(|n| n.transport);
+        assert_eq!(t("tap=t"), Ok(None));
+        assert_eq!(t("tap=t,transport=pci"), Ok(Some(VirtioTransport::Pci)));
+        assert_eq!(t("tap=t,transport=mmio"), Ok(Some(VirtioTransport::Mmio)));
+        assert!(matches!(
+            t("tap=t,transport=usb"),
+            Err(ConfigError::Transport(..))
+        ));
+        let d = parse_disk("path=x,transport=pci").unwrap();
+        assert_eq!(d.transport, Some(VirtioTransport::Pci));
+        assert!(matches!(
+            parse_disk("path=x,transport=pci,transport=mmio"),
+            Err(ConfigError::DiskSyntax(_))
+        ));
+        assert!(matches!(
+            parse_disk("path=x,transport="),
+            Err(ConfigError::Transport(..))
+        ));
+        use VirtioTransport::*;
+        assert_eq!(VirtioTransport::resolve(None, Machine::Pci), Pci);
+        assert_eq!(VirtioTransport::resolve(None, Machine::Legacy), Mmio);
+        assert_eq!(VirtioTransport::resolve(Some(Mmio), Machine::Pci), Mmio);
+    }
+
+    #[test]
     fn disk_options() {
         assert_eq!(
             parse_disk("path=/var/lib/a.img"),
             Ok(DiskSpec {
                 path: "/var/lib/a.img".into(),
                 readonly: false,
-                id: None
+                id: None,
+                transport: None,
             })
         );
         assert_eq!(
@@ -534,7 +613,8 @@ mod tests {
             Ok(DiskSpec {
                 path: "r.img".into(),
                 readonly: true,
-                id: Some("root-1".into())
+                id: Some("root-1".into()),
+                transport: None,
             })
         );
         assert_eq!(

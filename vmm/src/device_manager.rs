@@ -2,12 +2,13 @@
 //!
 //! Owns device placement (the legacy ports of COM1, the i8042 and the CMOS
 //! RTC; one
-//! virtio-mmio window and IRQ per virtio device, NICs first, then disks, ids
+//! virtio-mmio window and IRQ per virtio-mmio device, or one PCI slot per
+//! virtio-pci device, NICs first, then disks, ids
 //! `net0`, `net1`, ..., `blk0`, ...), the guest command-line announcement of
-//! the virtio devices, the manifest's device list, and one path that adds a
-//! virtio device whatever its kind ([`DeviceManager::add_virtio`]: irqfd,
-//! ioeventfds per queue, transport on the MMIO bus, handler on the device
-//! event loop). It also saves and restores the virtio devices' state and
+//! the virtio-mmio devices, the manifest's device list, and one path that
+//! adds a virtio device whatever its kind and transport
+//! ([`DeviceManager::add_virtio`]: interrupts, ioeventfds per queue,
+//! transport on the MMIO or PCI bus, handler on the device event loop). It also saves and restores the virtio devices' state and
 //! reports their counters.
 //!
 //! Built on the VMM thread before any vCPU runs ([`DeviceManager::finish`]
@@ -21,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use devices::fw_cfg::{FwCfg, FW_CFG_PORT, FW_CFG_PORTS};
 use devices::i8042::I8042;
-use devices::pci::{PciBus, PCI_CONFIG_PORT, PCI_CONFIG_PORTS};
+use devices::pci::{PciBus, PciWindow, PCI_CONFIG_PORT, PCI_CONFIG_PORTS};
 use devices::rtc::{MemorySizes, Rtc, RTC_PORT, RTC_PORTS};
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
 use devices::virtio::block::backend::DiskBackend;
@@ -35,24 +36,27 @@ use devices::virtio::net::handler::{HandlerError, NetHandler};
 use devices::virtio::net::metrics::NetMetrics;
 use devices::virtio::net::tap::TapError;
 use devices::virtio::net::{Net, NetConfig};
+use devices::virtio::pci::{Hooks, PciTransport, BAR_SIZE};
 use devices::virtio::VirtioDevice;
 use devices::{Bus, BusError, GuestMemoryMmap};
 use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::{IoEventAddress, VmFd};
-use migration::devices::{BlkState, DeviceState, MmioTransportState, NetState};
+use migration::devices::{BlkState, DeviceState, MmioTransportState, NetState, VirtioPciState};
 use migration::manifest::MmioSlot;
 use migration::{DeviceConfig, Manifest, Snapshottable};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::layout;
-use crate::config::{self, DiskSpec, Machine, NetSpec};
+use crate::config::{self, DiskSpec, Machine, NetSpec, VirtioTransport};
 use crate::console::ConsoleOut;
 use crate::exit::ExitSignal;
 use crate::exit_counts::ExitCounts;
 use crate::kvm_util::{kvm_op, KvmOp};
 
 mod disks;
+mod msi;
 pub use disks::ColoDisk;
+use msi::{DeviceRoutes, GsiRouting, NotifyEvents};
 
 const I8042_PORT: u64 = 0x60;
 const I8042_PORTS: u64 = 5;
@@ -86,6 +90,15 @@ pub type SerialPort = Arc<Mutex<Serial<ConsoleOut<io::Stdout>>>>;
 pub enum DeviceError {
     #[error("too many devices: at most {0} virtio devices")]
     TooMany(u32),
+    #[error("{0}: transport=pci needs a PCI machine (--machine pci)")]
+    PciWithoutMachine(String),
+    #[error("{0}: no free PCI slot or interrupt route left")]
+    PciFull(String),
+    #[error("{id}: {source}")]
+    PciSlot {
+        id: String,
+        source: devices::pci::PciBusError,
+    },
     #[error("--net tap={tap}: {source}")]
     Tap { tap: String, source: TapError },
     #[error("--net tap={tap}: {source}")]
@@ -162,17 +175,51 @@ pub fn virtio_slot(index: usize) -> Result<MmioSlot, DeviceError> {
     }
 }
 
+/// The PCI device numbers of virtio-pci devices: 1, 2, ... in bus order
+/// (0 is the host bridge).
+struct PciSlots {
+    machine: Machine,
+    next: u8,
+}
+
+impl PciSlots {
+    /// Where device `id` asking for `transport` goes: `None` for
+    /// virtio-mmio.
+    fn take(&mut self, id: &str, t: Option<VirtioTransport>) -> Result<Option<u8>, DeviceError> {
+        match VirtioTransport::resolve(t, self.machine) {
+            VirtioTransport::Mmio => Ok(None),
+            VirtioTransport::Pci if self.machine != Machine::Pci => {
+                Err(DeviceError::PciWithoutMachine(id.to_string()))
+            }
+            VirtioTransport::Pci if self.next >= 32 => Err(DeviceError::PciFull(id.to_string())),
+            VirtioTransport::Pci => {
+                self.next += 1;
+                Ok(Some(self.next - 1))
+            }
+        }
+    }
+}
+
+/// Where virtio-pci function `slot` puts its BAR until the guest moves it.
+fn pci_bar(slot: u8) -> u32 {
+    (layout::PCI_MMIO_START + u64::from(slot) * u64::from(BAR_SIZE)) as u32
+}
+
 /// The manifest's entries (guest-visible facts) of the virtio devices
-/// `nets` and `disks` would give, in bus order (each disk's size is read
-/// from its file).
+/// `nets` and `disks` would give on `machine`, in bus order (each disk's
+/// size is read from its file).
 pub fn virtio_configs(
     nets: &[NetSpec],
     disks: &[DiskSpec],
+    machine: Machine,
 ) -> Result<Vec<DeviceConfig>, DeviceError> {
     let mut out = Vec::with_capacity(nets.len() + disks.len());
+    let mut pci = PciSlots { machine, next: 1 };
     for (i, n) in nets.iter().enumerate() {
+        let id = format!("net{i}");
         out.push(DeviceConfig::Net {
-            id: format!("net{i}"),
+            pci: pci.take(&id, n.transport)?,
+            id,
             tap: n.tap.clone(),
             mac: n.mac.unwrap_or_else(|| config::default_mac(i)),
             rsc: n.rsc,
@@ -187,8 +234,10 @@ pub fn virtio_configs(
                 source,
             })?
             .len();
+        let id = format!("blk{j}");
         out.push(DeviceConfig::Blk {
-            id: format!("blk{j}"),
+            pci: pci.take(&id, d.transport)?,
+            id,
             path,
             readonly: d.readonly,
             bytes: len / 512 * 512,
@@ -262,10 +311,16 @@ pub enum Report {
     },
 }
 
+/// A virtio device's transport, as the VM keeps it.
+pub enum TransportHandle {
+    Mmio(Arc<Mutex<MmioTransport>>),
+    Pci(Arc<Mutex<PciTransport>>),
+}
+
 /// One virtio device as the VM keeps it.
 pub struct VirtioSlot {
     pub config: DeviceConfig,
-    pub transport: Arc<Mutex<MmioTransport>>,
+    pub transport: TransportHandle,
     report: Report,
     bad_accesses: Arc<AtomicU64>,
 }
@@ -285,9 +340,14 @@ impl VirtioSlot {
 
     /// The device's state (the VM must be paused).
     pub fn save(&self) -> Result<DeviceState, DeviceError> {
-        let transport = devices::bus::lock(&self.transport)
-            .save()
-            .map_err(|source| self.state_err(source))?;
+        let (transport, pci) = match &self.transport {
+            TransportHandle::Mmio(t) => (devices::bus::lock(t).save(), None),
+            TransportHandle::Pci(t) => {
+                let t = devices::bus::lock(t);
+                (t.save().map(|s| s.0), Some(t.save_pci()))
+            }
+        };
+        let transport = transport.map_err(|source| self.state_err(source))?;
         let acked_features = transport.acked_features;
         Ok(match &self.config {
             DeviceConfig::Net { tap, mac, .. } => DeviceState::VirtioNet {
@@ -297,6 +357,7 @@ impl VirtioSlot {
                     acked_features,
                     tap: tap.clone(),
                 },
+                pci,
             },
             DeviceConfig::Blk {
                 path,
@@ -311,6 +372,7 @@ impl VirtioSlot {
                     acked_features,
                     id: serial.clone(),
                 },
+                pci,
             },
             DeviceConfig::Serial { .. } | DeviceConfig::PciHost { .. } => {
                 return Err(DeviceError::StateKind {
@@ -320,12 +382,26 @@ impl VirtioSlot {
         })
     }
 
-    /// Checks a saved transport state against this device without applying
-    /// anything (so a restore can refuse a file before it fills memory).
-    pub fn check_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
-        devices::bus::lock(&self.transport)
-            .check_state(t)
-            .map_err(|source| self.state_err(source))
+    /// Checks a saved transport state (`pci`: virtio-pci's part) against
+    /// this device without applying anything (so a restore can refuse a
+    /// file before it fills memory).
+    pub fn check_transport(
+        &self,
+        t: &MmioTransportState,
+        pci: Option<&VirtioPciState>,
+    ) -> Result<(), DeviceError> {
+        match (&self.transport, pci) {
+            (TransportHandle::Mmio(m), None) => devices::bus::lock(m).check_state(t),
+            (TransportHandle::Pci(p), Some(pci)) => devices::bus::lock(p).check_state(t, pci),
+            _ => return Err(self.other_transport()),
+        }
+        .map_err(|source| self.state_err(source))
+    }
+
+    fn other_transport(&self) -> DeviceError {
+        DeviceError::StateKind {
+            id: self.id().to_string(),
+        }
     }
 
     /// Puts a saved transport state back (the VM paused; a live device is
@@ -401,10 +477,17 @@ impl VirtioSlot {
         self.swap_backend(opened, wait).map(|r| r.map(drop))
     }
 
-    pub fn restore_transport(&self, t: &MmioTransportState) -> Result<(), DeviceError> {
-        devices::bus::lock(&self.transport)
-            .restore(t)
-            .map_err(|source| self.state_err(source))
+    pub fn restore_transport(
+        &self,
+        t: &MmioTransportState,
+        pci: Option<&VirtioPciState>,
+    ) -> Result<(), DeviceError> {
+        match (&self.transport, pci) {
+            (TransportHandle::Mmio(m), None) => devices::bus::lock(m).restore(t),
+            (TransportHandle::Pci(p), Some(pci)) => devices::bus::lock(p).restore_all(t, pci),
+            _ => return Err(self.other_transport()),
+        }
+        .map_err(|source| self.state_err(source))
     }
 }
 
@@ -422,6 +505,8 @@ pub struct DeviceManager {
     exit: Arc<ExitSignal>,
     mem: GuestMemoryMmap,
     vm: Arc<VmFd>,
+    /// KVM's interrupt routes (virtio-pci's MSI-X vectors).
+    routing: Arc<GsiRouting>,
     /// Open disk images without their lock (a migration's destination:
     /// the lock is taken at the switch-over).
     pub defer_disk_locks: bool,
@@ -501,9 +586,19 @@ impl DeviceManager {
                 Some(bus)
             }
         };
+        let mut mmio = Bus::new();
+        if let Some(bus) = &pci {
+            let window = PciWindow::new(bus.clone(), layout::PCI_MMIO_START);
+            mmio.insert(
+                Arc::new(Mutex::new(window)),
+                layout::PCI_MMIO_START,
+                layout::PCI_MMIO_SIZE,
+            )?;
+        }
         Ok(DeviceManager {
             pio,
-            mmio: Bus::new(),
+            mmio,
+            routing: GsiRouting::new(vm.clone()),
             subscribers: Subscribers::new().map_err(DeviceError::EventLoop)?,
             virtio: Vec::new(),
             serial,
@@ -572,14 +667,17 @@ impl DeviceManager {
     }
 
     /// Wires a virtio device with `queues` queues into its slot: its
-    /// interrupt (irqfd), a queue-notify ioeventfd per queue, its transport
-    /// on the MMIO bus and its handler on the device event loop.
+    /// interrupt, a queue-notify ioeventfd per queue, its transport on the
+    /// MMIO or PCI bus and its handler on the device event loop.
     pub fn add_virtio(
         &mut self,
         config: DeviceConfig,
         queues: usize,
         build: impl FnOnce(Wiring) -> Result<VirtioParts, DeviceError>,
     ) -> Result<(), DeviceError> {
+        if let Some(pci) = config.pci_slot() {
+            return self.add_virtio_pci(config, pci, queues, build);
+        }
         let slot = config.slot().ok_or_else(|| DeviceError::StateKind {
             id: config.id().to_string(),
         })?;
@@ -620,7 +718,86 @@ impl DeviceManager {
         self.subscribers.add_subscriber(parts.handler);
         self.virtio.push(VirtioSlot {
             config,
-            transport,
+            transport: TransportHandle::Mmio(transport),
+            report: parts.report,
+            bad_accesses,
+        });
+        Ok(())
+    }
+
+    /// [`Self::add_virtio`] for a virtio-pci device at PCI slot `pci`: an
+    /// irqfd on a GSI of its own per MSI-X vector (one per queue and one
+    /// for configuration changes), routed as the guest programs them;
+    /// queue-notify ioeventfds registered where the guest puts the BAR.
+    fn add_virtio_pci(
+        &mut self,
+        config: DeviceConfig,
+        pci: u8,
+        queues: usize,
+        build: impl FnOnce(Wiring) -> Result<VirtioParts, DeviceError>,
+    ) -> Result<(), DeviceError> {
+        let id = config.id().to_string();
+        let bus = self
+            .pci
+            .clone()
+            .ok_or_else(|| DeviceError::PciWithoutMachine(id.clone()))?;
+        let vectors = queues + 1;
+        let first = self
+            .routing
+            .allocate(vectors as u32)
+            .ok_or_else(|| DeviceError::PciFull(id.clone()))?;
+        let mut vector_evts = Vec::with_capacity(vectors);
+        for v in 0..vectors {
+            let evt = eventfd()?;
+            self.vm
+                .register_irqfd(&evt, first + v as u32)
+                .map_err(kvm_op("register a virtio-pci vector"))?;
+            vector_evts.push(evt);
+        }
+        let interrupt = Arc::new(Interrupt::msix(vector_evts, queues));
+        let (mut queue_evts, mut transport_evts, mut notify_evts) = (vec![], vec![], vec![]);
+        for _ in 0..queues {
+            let evt = eventfd()?;
+            transport_evts.push(evt.try_clone().map_err(DeviceError::EventFd)?);
+            notify_evts.push(evt.try_clone().map_err(DeviceError::EventFd)?);
+            queue_evts.push(evt);
+        }
+        let parts = build(Wiring {
+            interrupt: interrupt.clone(),
+            queue_evts,
+        })?;
+        let hooks = Hooks {
+            routes: Box::new(DeviceRoutes {
+                routing: self.routing.clone(),
+                first,
+            }),
+            notify: Box::new(NotifyEvents {
+                vm: self.vm.clone(),
+                evts: notify_evts,
+                at: None,
+            }),
+        };
+        let transport = PciTransport::new(
+            parts.device,
+            self.mem.clone(),
+            interrupt,
+            transport_evts,
+            pci_bar(pci),
+            hooks,
+        )
+        .map_err(|source| DeviceError::Queues {
+            id: id.clone(),
+            source,
+        })?;
+        let bad_accesses = transport.bad_accesses();
+        let transport = Arc::new(Mutex::new(transport));
+        devices::bus::lock(&bus)
+            .add(pci, transport.clone())
+            .map_err(|source| DeviceError::PciSlot { id, source })?;
+        self.subscribers.add_subscriber(parts.handler);
+        self.virtio.push(VirtioSlot {
+            config,
+            transport: TransportHandle::Pci(transport),
             report: parts.report,
             bad_accesses,
         });
@@ -751,11 +928,27 @@ mod tests {
             config::parse_net("tap=t1").unwrap(),
         ];
         let disks = [config::parse_disk(&format!("path={}", disk.display())).unwrap()];
-        let c = virtio_configs(&nets, &disks).unwrap();
+        let c = virtio_configs(&nets, &disks, Machine::Legacy).unwrap();
         let ids: Vec<&str> = c.iter().map(|d| d.id()).collect();
         assert_eq!(ids, ["net0", "net1", "blk0"]);
         assert!(matches!(c[2], DeviceConfig::Blk { bytes: 4096, .. }));
         assert_eq!(c[2].slot().unwrap().irq, VIRTIO_IRQ_BASE + 2);
+        // A PCI machine: PCI functions 1, 2, ... unless transport=mmio.
+        let mut disks = disks;
+        let c = virtio_configs(&nets, &disks, Machine::Pci).unwrap();
+        let pci: Vec<Option<u8>> = c.iter().map(DeviceConfig::pci_slot).collect();
+        assert_eq!(pci, [Some(1), Some(2), Some(3)]);
+        assert!(c[0].slot().is_none(), "no virtio-mmio window");
+        disks[0].transport = Some(VirtioTransport::Mmio);
+        let c = virtio_configs(&nets, &disks, Machine::Pci).unwrap();
+        assert_eq!(c[2].pci_slot(), None);
+        assert!(c[2].slot().is_some());
+        disks[0].transport = Some(VirtioTransport::Pci);
+        let e = virtio_configs(&nets, &disks, Machine::Legacy).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "blk0: transport=pci needs a PCI machine (--machine pci)"
+        );
         std::fs::remove_file(&disk).unwrap();
     }
 }

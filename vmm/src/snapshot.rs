@@ -248,13 +248,14 @@ pub fn load(path: &Path, asked: Asked, disks: &mut [DiskSpec]) -> Result<Restore
             });
         }
     }
-    let virtio = device_manager::virtio_configs(asked.nets, disks)?;
+    let machine = asked
+        .machine
+        .unwrap_or_else(|| device_manager::machine_of(&saved));
+    let virtio = device_manager::virtio_configs(asked.nets, disks, machine)?;
     let requested = manifest(
         asked.mem.unwrap_or(saved.mem_bytes),
         asked.cpus.map_or(saved.vcpus, u32::from),
-        asked
-            .machine
-            .unwrap_or_else(|| device_manager::machine_of(&saved)),
+        machine,
         virtio,
     );
     l.finish(saved, &requested)
@@ -483,10 +484,14 @@ impl<R: Read + Seek> Loader<R> {
         }
         let dev = section::device(PCI_ID);
         match self.state::<DeviceState>(&dev)? {
-            DeviceState::Pci(s) => devices::pci::PciBus::new()
-                .check_state(&s)
-                .map(|()| Some(s))
-                .map_err(|e| self.invalid(format!("section {dev}: {e}"))),
+            DeviceState::Pci(s) => {
+                let slots: Vec<u8> = std::iter::once(0)
+                    .chain(saved.devices.iter().filter_map(DeviceConfig::pci_slot))
+                    .collect();
+                devices::pci::PciBus::check_shape(&s, &slots)
+                    .map(|()| Some(s))
+                    .map_err(|e| self.invalid(format!("section {dev}: {e}")))
+            }
             _ => Err(self.invalid(format!("section {dev} is not a PCI bus"))),
         }
     }
@@ -504,8 +509,8 @@ impl<R: Read + Seek> Loader<R> {
             let name = section::device(id);
             let state = self.state::<DeviceState>(&name)?;
             let transport = match &state {
-                DeviceState::VirtioNet { transport, .. } if net => transport,
-                DeviceState::VirtioBlk { transport, .. } if !net => transport,
+                DeviceState::VirtioNet { transport, pci, .. } if net => (transport, pci),
+                DeviceState::VirtioBlk { transport, pci, .. } if !net => (transport, pci),
                 _ => {
                     return Err(self.invalid(format!(
                         "section {name} does not hold the {} the manifest lists",
@@ -513,6 +518,13 @@ impl<R: Read + Seek> Loader<R> {
                     )))
                 }
             };
+            let (transport, pci) = transport;
+            if pci.is_some() != d.pci_slot().is_some() {
+                return Err(self.invalid(format!(
+                    "section {name}: the transport is not the one the manifest lists for {}",
+                    d.describe()
+                )));
+            }
             check_queues(transport, if net { 2 } else { 1 })
                 .map_err(|e| self.invalid(format!("section {name}: {e}")))?;
             devices.push((id.clone(), state));
@@ -652,6 +664,7 @@ mod tests {
     fn a_foreign_device_is_refused() {
         let mut m = manifest(128 << 20, 1, Machine::Legacy, vec![]);
         m.devices.push(DeviceConfig::Net {
+            pci: None,
             id: "net0".into(),
             tap: "tap0".into(),
             mac: [2, 0, 0, 0, 0, 1],

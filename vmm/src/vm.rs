@@ -325,10 +325,10 @@ impl VmHandle {
             ));
         }
         for (slot, (id, d)) in virtio.iter().zip(&s.devices) {
-            let Some(t) = VmState::transport(d).filter(|_| id == slot.id()) else {
+            let Some((t, pci)) = VmState::transport(d).filter(|_| id == slot.id()) else {
                 return foreign(format!("device {id} where this VM has {}", slot.id()));
             };
-            slot.check_transport(t)?;
+            slot.check_transport(t, pci)?;
         }
         Ok(())
     }
@@ -351,8 +351,8 @@ impl VmHandle {
         vm_state::apply_vm_wide(&self.0.fd, &s.vm)?;
         lock(&self.0.vcpus).apply(s.vcpus.clone())?;
         for (slot, (_, d)) in self.virtio().iter().zip(&s.devices) {
-            if let Some(t) = VmState::transport(d) {
-                slot.restore_transport(t)?;
+            if let Some((t, pci)) = VmState::transport(d) {
+                slot.restore_transport(t, pci)?;
             }
         }
         self.0.devices.restore_serial(&s.serial)?;

@@ -10,7 +10,9 @@ use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
 use kvm_ioctls::VmFd;
-use migration::devices::{DeviceState, FwCfgState, MmioTransportState, PciState, RtcState};
+use migration::devices::{
+    DeviceState, FwCfgState, MmioTransportState, PciState, RtcState, VirtioPciState,
+};
 use migration::kvm::{KvmVcpuState, KvmVmState};
 use migration::Manifest;
 
@@ -40,13 +42,14 @@ pub struct VmState {
 }
 
 impl VmState {
-    /// The virtio-mmio transport a device state holds (`None` for a
-    /// device without one).
-    pub fn transport(state: &DeviceState) -> Option<&MmioTransportState> {
+    /// The virtio transport a device state holds, and virtio-pci's part of
+    /// it (`None` for a device without one).
+    pub fn transport(
+        state: &DeviceState,
+    ) -> Option<(&MmioTransportState, Option<&VirtioPciState>)> {
         match state {
-            DeviceState::VirtioNet { transport, .. } | DeviceState::VirtioBlk { transport, .. } => {
-                Some(transport)
-            }
+            DeviceState::VirtioNet { transport, pci, .. }
+            | DeviceState::VirtioBlk { transport, pci, .. } => Some((transport, pci.as_ref())),
             DeviceState::Serial(_)
             | DeviceState::Rtc(_)
             | DeviceState::Pci(_)

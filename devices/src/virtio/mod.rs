@@ -1,15 +1,21 @@
-//! Virtio devices and their virtio-mmio (version 2) transport.
+//! Virtio devices and their transports: virtio-mmio (version 2) and
+//! virtio-pci (modern, with MSI-X).
 //!
-//! `mmio` owns the register file a driver programs (features, queues,
-//! status, interrupts); a device implements [`VirtioDevice`] and only sees
-//! negotiated features and ready queues when the driver sets DRIVER_OK.
+//! `transport` owns what a driver programs whatever the transport
+//! (features, queues, status); `mmio` and `pci` decode their registers
+//! into it; `interrupt` tells the guest. A device implements
+//! [`VirtioDevice`] and only sees negotiated features and ready queues
+//! when the driver sets DRIVER_OK.
 
 pub mod block;
 pub mod drain;
+pub mod interrupt;
 pub mod mmio;
 pub mod net;
+pub mod pci;
 #[cfg(test)]
 pub(crate) mod test_util;
+pub mod transport;
 
 use std::io;
 

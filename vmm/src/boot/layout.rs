@@ -7,6 +7,7 @@
 //! 0x0000_9000  PML4, PDPT, PD    0x0002_0000  kernel command line
 //! 0x0009_fc00  MP table (EBDA)   0x0010_0000  kernel (high memory)
 //! 0xd000_0000  MMIO gap: devices, up to 4 GiB; RAM beyond continues at 4 GiB
+//! 0xe000_0000  PCI BARs (256 MiB, a PCI machine's)
 //! ```
 
 pub const GDT_START: u64 = 0x500;
@@ -27,6 +28,10 @@ pub const EBDA_START: u64 = 0x9_fc00;
 pub const HIMEM_START: u64 = 0x10_0000;
 pub const MMIO_GAP_START: u64 = 0xd000_0000;
 pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
+/// Where the BARs of PCI functions live (a PCI machine's): inside the gap,
+/// above the virtio-mmio windows, below the IOAPIC.
+pub const PCI_MMIO_START: u64 = 0xe000_0000;
+pub const PCI_MMIO_SIZE: u64 = 0x1000_0000;
 /// Where the in-kernel IOAPIC and local APICs live.
 pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
 pub const APIC_ADDR: u32 = 0xfee0_0000;

@@ -17,7 +17,9 @@ pub fn sums(m: &Manifest) -> Result<Vec<[u8; 32]>, ColoError> {
     m.devices
         .iter()
         .filter_map(|d| match d {
-            DeviceConfig::Blk { path, .. } => Some(path),
+            DeviceConfig::Blk {
+                pci: None, path, ..
+            } => Some(path),
             _ => None,
         })
         .map(|path| sum(path).map_err(|e| ColoError::Refused(format!("hashing {path}: {e}"))))
@@ -50,7 +52,7 @@ pub fn differ(theirs: &[[u8; 32]], ours: &[[u8; 32]], m: &Manifest) -> Option<St
     let ids: Vec<&str> = m
         .devices
         .iter()
-        .filter(|d| matches!(d, DeviceConfig::Blk { .. }))
+        .filter(|d| matches!(d, DeviceConfig::Blk { pci: None, .. }))
         .map(DeviceConfig::id)
         .collect();
     let bad: Vec<&str> = theirs
@@ -85,6 +87,7 @@ mod tests {
             mem_bytes: 1 << 20,
             vcpus: 1,
             devices: vec![DeviceConfig::Blk {
+                pci: None,
                 id: "blk0".into(),
                 path: p.display().to_string(),
                 readonly: false,

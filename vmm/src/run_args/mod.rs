@@ -129,9 +129,11 @@ pub struct RunArgs {
     /// reach the guest (receive segment coalescing; also offers RSC_EXT to
     /// drivers that report coalescing, e.g. Windows NetKVM); default off.
     /// rsc_interval_us=N: how long a partly coalesced packet may wait for
-    /// more segments, 1 to 1000000 µs (default 300).
+    /// more segments, 1 to 1000000 µs (default 300). transport=mmio|pci:
+    /// virtio-mmio or a virtio-pci function with MSI-X (pci needs
+    /// --machine pci; default: pci on a PCI machine, mmio otherwise).
     #[arg(long = "net",
-          value_name = "tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N]",
+          value_name = "tap=NAME[,mac=MAC][,sndbuf=SIZE][,rsc=on|off][,rsc_interval_us=N][,transport=mmio|pci]",
           value_parser = config::parse_net)]
     #[serde(rename = "net", default, deserialize_with = "file::nets")]
     pub nets: Vec<NetSpec>,
@@ -142,8 +144,8 @@ pub struct RunArgs {
     /// default: the file name) is the serial the guest reads from
     /// /sys/block/vdX/serial. The image is locked while tandem runs (shared
     /// when read-only). To boot from it, give a kernel without an initrd and
-    /// `root=/dev/vda` in --cmdline.
-    #[arg(long = "disk", value_name = "path=FILE[,readonly=on][,id=NAME]",
+    /// `root=/dev/vda` in --cmdline. transport=mmio|pci as for --net.
+    #[arg(long = "disk", value_name = "path=FILE[,readonly=on][,id=NAME][,transport=mmio|pci]",
           value_parser = config::parse_disk)]
     #[serde(rename = "disk", default, deserialize_with = "file::disks")]
     pub disks: Vec<DiskSpec>,
@@ -161,8 +163,9 @@ pub struct RunArgs {
     pub cpus: Option<u8>,
     /// The machine: `legacy` (legacy ports and virtio-mmio; the default) or
     /// `pci` (also PCI bus 0 with a host bridge, reached through ports
-    /// 0xCF8/0xCFC; virtio devices stay on virtio-mmio for now). Default
-    /// with --restore: the snapshot's. An incoming migration or a COLO
+    /// 0xCF8/0xCFC, its BARs at 0xe0000000; virtio devices become
+    /// virtio-pci functions with MSI-X unless given transport=mmio).
+    /// Default with --restore: the snapshot's. An incoming migration or a COLO
     /// secondary must give the source's machine again.
     #[arg(long, value_name = "KIND")]
     #[serde(default)]

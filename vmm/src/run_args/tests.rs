@@ -97,6 +97,7 @@ fn expected() -> RunArgs {
                 sndbuf: Some(64 << 10),
                 rsc: true,
                 rsc_interval: Duration::from_micros(50),
+                transport: None,
             },
             NetSpec {
                 tap: "tap1".into(),
@@ -104,6 +105,7 @@ fn expected() -> RunArgs {
                 sndbuf: Some(8192),
                 rsc: false,
                 rsc_interval: DEFAULT_RSC_INTERVAL,
+                transport: None,
             },
         ],
         disks: vec![
@@ -111,12 +113,14 @@ fn expected() -> RunArgs {
                 path: "/data/a.img".into(),
                 readonly: true,
                 id: Some("a".into()),
+                transport: None,
             },
             // A table can name a path with a comma, which an option cannot.
             DiskSpec {
                 path: "/data/b,c.img".into(),
                 readonly: false,
                 id: None,
+                transport: None,
             },
         ],
         guest_profile: Some("/tmp/p.folded".into()),

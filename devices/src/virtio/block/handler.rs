@@ -20,7 +20,6 @@ use super::metrics::BlockMetrics;
 use super::request::{self, Request};
 use crate::virtio::drain::{drain, Served};
 use crate::virtio::mmio::Interrupt;
-use crate::virtio::INT_USED_RING;
 
 const ACTIVATE: u32 = 0;
 const QUEUE: u32 = 1;
@@ -99,7 +98,7 @@ impl BlockHandler {
             BlockMetrics::add(&self.metrics.malformed_chains, r.faults);
         }
         if r.notify {
-            self.interrupt.trigger(INT_USED_RING);
+            self.interrupt.trigger_queue(0);
         }
         r.used
     }

@@ -4,6 +4,9 @@ use vm_memory::GuestAddress;
 
 use super::*;
 use crate::virtio::ActivateError;
+use crate::virtio::{status, INT_CONFIG, VIRTIO_F_VERSION_1};
+use std::sync::atomic::Ordering;
+use virtio_queue::Queue;
 
 #[derive(Default)]
 pub(super) struct Seen {
@@ -220,7 +223,7 @@ fn a_queue_outside_guest_memory_needs_reset() {
 /// Everything a driver can read from the registers, at every selector;
 /// leaves the selectors as they were.
 pub(super) fn registers(t: &mut MmioTransport) -> Vec<u32> {
-    let (queue_sel, features_sel) = (t.queue_sel, t.device_features_sel);
+    let (queue_sel, features_sel) = (t.core.queue_sel, t.core.device_features_sel);
     let mut regs: Vec<u32> = [0x0, 0x4, 0x8, 0xc, 0x10, 0x34, 0x44, 0x60, 0x70, 0xfc]
         .into_iter()
         .map(|off| r(t, off))

@@ -44,9 +44,11 @@ use super::rx_pump::{Guest, RxPump};
 use super::tx::{self, MAX_TX_FRAME};
 use crate::virtio::drain::{drain, Served};
 use crate::virtio::mmio::Interrupt;
-use crate::virtio::INT_USED_RING;
 
 const ACTIVATE: u32 = 0;
+/// The virtqueue indices of receive and transmit.
+const RX_VQ: usize = 0;
+const TX_VQ: usize = 1;
 const RX_QUEUE: u32 = 1;
 const TX_QUEUE: u32 = 2;
 const BACKEND: u32 = 3;
@@ -325,7 +327,7 @@ impl NetHandler {
         });
         NetMetrics::add(&metrics.malformed_chains, r.faults);
         if r.notify {
-            self.interrupt.trigger(INT_USED_RING);
+            self.interrupt.trigger_queue(TX_VQ);
         }
         r.put_back
     }
@@ -351,7 +353,7 @@ impl NetHandler {
             &self.metrics,
         );
         if res.used && active.rx.needs_notification(&active.mem).unwrap_or(true) {
-            self.interrupt.trigger(INT_USED_RING);
+            self.interrupt.trigger_queue(RX_VQ);
         }
         res.starved
     }

@@ -2,12 +2,13 @@ use std::sync::{Arc, Mutex};
 
 use virtio_queue::QueueT;
 
-use super::super::tests::{
+use super::tests::{
     driver_with_features, r, registers, setup_queue, start_device, transport, w, Seen,
 };
 use super::*;
 use crate::bus::BusDevice;
-use crate::virtio::{INT_USED_RING, VIRTIO_F_VERSION_1};
+use crate::virtio::transport::lifecycle;
+use crate::virtio::{status, INT_USED_RING, VIRTIO_F_VERSION_1};
 
 fn running() -> (MmioTransport, MmioTransportState) {
     let (mut t, _, _) = transport();
@@ -37,7 +38,7 @@ fn a_running_transport_round_trips_with_its_ring_positions() {
     );
     let live = seen.lock().unwrap().live.clone().unwrap();
     assert_eq!((live[0].next_avail, live[0].next_used), (3, 3));
-    assert_eq!(fresh.interrupt.status(), INT_USED_RING);
+    assert_eq!(fresh.core.interrupt.status(), INT_USED_RING);
     // What a second save sees is what was restored.
     let again = fresh.save().unwrap();
     assert_eq!(again, state);
@@ -341,7 +342,7 @@ fn random_drivers_always_save_and_restore() {
             reached[0] += u32::from(live);
             reached[1] += u32::from(s & status::DEVICE_NEEDS_RESET != 0);
             reached[2] += u32::from(s & status::FAILED != 0);
-            reached[3] += u32::from(!live && t.queues.iter().any(|q| q.ready()));
+            reached[3] += u32::from(!live && t.core.queues.iter().any(|q| q.ready()));
             reached[4] += u32::from(s == 0);
             round_trip(&mut t);
         }

@@ -21,7 +21,7 @@ const PROGRESS: [u32; 4] = [ACKNOWLEDGE, DRIVER, FEATURES_OK, DRIVER_OK];
 /// All of [`PROGRESS`]: the driver has finished bringing the device up.
 const COMPLETE: u32 = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
 /// Bits a driver may write.
-pub(super) const DRIVER_BITS: u32 = COMPLETE | FAILED;
+pub(crate) const DRIVER_BITS: u32 = COMPLETE | FAILED;
 /// Bits a status can hold at all.
 const KNOWN: u32 = DRIVER_BITS | DEVICE_NEEDS_RESET;
 
@@ -34,7 +34,7 @@ fn progress(status: u32) -> Option<usize> {
 
 /// The one bit the driver may set next, or `None` when the status is
 /// complete, FAILED or DEVICE_NEEDS_RESET (only a reset follows).
-pub(super) fn next_bit(status: u32) -> Option<u32> {
+pub(crate) fn next_bit(status: u32) -> Option<u32> {
     if status & (FAILED | DEVICE_NEEDS_RESET) != 0 {
         return None;
     }
@@ -43,12 +43,12 @@ pub(super) fn next_bit(status: u32) -> Option<u32> {
 
 /// Whether the device runs in this status: the driver set DRIVER_OK after
 /// an accepted FEATURES_OK and the start did not fail.
-pub(super) fn is_live(status: u32) -> bool {
+pub(crate) fn is_live(status: u32) -> bool {
     status & COMPLETE == COMPLETE && status & DEVICE_NEEDS_RESET == 0
 }
 
 /// Why a transport can never hold `status`; `None` when it can.
-pub(super) fn unreachable(status: u32) -> Option<&'static str> {
+pub(crate) fn unreachable(status: u32) -> Option<&'static str> {
     if status & !KNOWN != 0 {
         Some("unknown bits are never stored")
     } else if progress(status).is_none() {

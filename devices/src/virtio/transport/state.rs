@@ -1,5 +1,5 @@
-//! Save and restore of a virtio-mmio transport: its registers, the
-//! interrupt status and its queues.
+//! Save and restore of what every virtio transport keeps ([`Transport`]):
+//! its registers, the interrupt status and its queues.
 //!
 //! While the device runs, the transport's own queues only hold what the
 //! driver programmed (sizes, addresses); where the device has got to in each
@@ -8,7 +8,7 @@
 //!
 //! A restore is applied to a transport freshly built for the same device
 //! (before any vCPU runs). The state came from a file, so
-//! [`MmioTransport::check_state`] checks all of it first, and a restore
+//! [`Transport::check_state`] checks all of it first, and a restore
 //! applies nothing unless it passes. It accepts exactly the states register
 //! writes can produce (the rules in [`super::lifecycle`]): DEVICE_NEEDS_RESET
 //! and FAILED ones too, and queues a driver programmed for a device that
@@ -25,8 +25,8 @@ use migration::Snapshottable;
 use virtio_queue::Queue;
 
 use super::lifecycle;
-use super::{status, MmioTransport, INT_CONFIG};
-use crate::virtio::{ActivateError, INT_USED_RING, VIRTIO_RING_F_EVENT_IDX};
+use super::Transport;
+use crate::virtio::{status, ActivateError, INT_CONFIG, INT_USED_RING, VIRTIO_RING_F_EVENT_IDX};
 
 /// Why a saved transport state cannot be applied.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +64,8 @@ pub enum TransportStateError {
     NoVersion1,
     #[error("interrupt status {0:#x} has bits no device raises")]
     Interrupt(u32),
+    #[error("its virtio-pci state: {0}")]
+    Pci(String),
     #[error("the device cannot restart: {0}")]
     Activate(#[source] ActivateError),
 }
@@ -86,7 +88,7 @@ fn reset_queue(max_size: u16) -> virtio_queue::QueueState {
     }
 }
 
-impl MmioTransport {
+impl Transport {
     /// Checks `s` completely against this device and its guest memory (the
     /// memory's layout; its contents do not matter), applying nothing: the
     /// check [`Snapshottable::restore`] makes first, for a VMM that checks
@@ -186,7 +188,7 @@ impl MmioTransport {
     }
 }
 
-impl Snapshottable for MmioTransport {
+impl Snapshottable for Transport {
     type State = MmioTransportState;
     type Error = TransportStateError;
 
@@ -220,7 +222,7 @@ impl Snapshottable for MmioTransport {
         })
     }
 
-    /// Checks `s` ([`MmioTransport::check_state`]); then resets a transport
+    /// Checks `s` ([`Transport::check_state`]); then resets a transport
     /// the guest had brought up (as a driver's status write of 0 would: the
     /// device stops), restarts the device if it ran in `s`, and applies the
     /// registers. On a refused state nothing changes; if the device cannot
@@ -245,6 +247,3 @@ impl Snapshottable for MmioTransport {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests;
