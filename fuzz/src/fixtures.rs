@@ -17,6 +17,7 @@ use devices::virtio::mmio::{Interrupt, MmioTransport};
 use devices::virtio::net::backend::NetBackend;
 use devices::virtio::net::device::NetState;
 use devices::virtio::net::{Net, NetConfig};
+use devices::virtio::pci::{Hooks, PciTransport};
 use devices::virtio::VirtioDevice;
 use devices::GuestMemoryMmap;
 use vm_memory::GuestAddress;
@@ -121,6 +122,31 @@ pub fn block(
     let block = Block::new(BlockConfig::with_id(id), disk, eventfd());
     let state = block.state();
     (transport(Box::new(block), mem), state)
+}
+
+/// A virtio-pci function in front of a fresh virtio-blk device on the
+/// disk image (MSI-X: a vector for its queue and one for configuration
+/// changes; KVM's side is [`crate::pci::NoKvm`]), and the device's state.
+pub fn pci_block(mem: &GuestMemoryMmap) -> (PciTransport, Arc<Mutex<BlockState>>) {
+    let file = disk_file().try_clone().expect("dup the disk image");
+    let disk = DiskFile::from_file(file, "fuzz.img".as_ref(), false).expect("the disk image");
+    let block = Block::new(BlockConfig::with_id("fuzz"), disk, eventfd());
+    let state = block.state();
+    let interrupt = Arc::new(Interrupt::msix(vec![eventfd(), eventfd()], 1));
+    let hooks = Hooks {
+        routes: Box::new(crate::pci::NoKvm),
+        notify: Box::new(crate::pci::NoKvm),
+    };
+    let t = PciTransport::new(
+        Box::new(block),
+        mem.clone(),
+        interrupt,
+        vec![eventfd()],
+        0xe000_0000,
+        hooks,
+    )
+    .expect("a virtio-pci function");
+    (t, state)
 }
 
 /// A transport in front of a fresh virtio-net device on the process's tap,

@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod fixtures;
 pub mod frames;
 pub mod mmio;
+pub mod pci;
 pub mod restore;
 pub mod stream;
 pub mod virtq;

@@ -14,6 +14,8 @@ pub mod mmio;
 pub mod net;
 pub mod pci;
 #[cfg(test)]
+pub(crate) mod test_device;
+#[cfg(test)]
 pub(crate) mod test_util;
 pub mod transport;
 

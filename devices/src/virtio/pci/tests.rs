@@ -4,12 +4,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
-use virtio_queue::Queue;
 use vm_memory::GuestAddress;
 
 use crate::bus::BusDevice;
 use crate::pci::{PciBus, PciWindow};
-use crate::virtio::{status, ActivateError, VIRTIO_F_VERSION_1};
+use crate::virtio::{status, VIRTIO_F_VERSION_1};
 
 /// Where the BAR starts when the transport is built.
 const BAR: u32 = 0xe000_0000;
@@ -37,53 +36,7 @@ const QUEUE_DESC: u64 = 0x20;
 const QUEUE_DRIVER: u64 = 0x28;
 const QUEUE_DEVICE: u64 = 0x30;
 
-#[derive(Default)]
-struct Seen {
-    activated: Option<(u64, usize)>,
-    live: Option<Vec<virtio_queue::QueueState>>,
-    starts: u32,
-    resets: u32,
-}
-
-struct Dummy(Arc<Mutex<Seen>>);
-
-impl VirtioDevice for Dummy {
-    fn device_type(&self) -> u32 {
-        1
-    }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[256, 256]
-    }
-    fn features(&self) -> u64 {
-        MAC
-    }
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = (offset as u8).wrapping_add(i as u8);
-        }
-    }
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
-    fn activate(
-        &mut self,
-        acked: u64,
-        queues: Vec<Queue>,
-        _mem: GuestMemoryMmap,
-    ) -> Result<(), ActivateError> {
-        let mut seen = self.0.lock().unwrap();
-        seen.starts += 1;
-        seen.activated = Some((acked, queues.len()));
-        seen.live = Some(queues.iter().map(|q| q.state()).collect());
-        Ok(())
-    }
-    fn reset(&mut self) {
-        let mut seen = self.0.lock().unwrap();
-        seen.resets += 1;
-        seen.live = None;
-    }
-    fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
-        self.0.lock().unwrap().live.clone()
-    }
-}
+use crate::virtio::test_device::{Dummy, Seen};
 
 type Routes = Arc<Mutex<Vec<(usize, u64, u32)>>>;
 type Moves = Arc<Mutex<Vec<Option<u64>>>>;
