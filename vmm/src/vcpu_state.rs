@@ -239,12 +239,19 @@ mod tests {
         let indices_of = |m: &[kvm_msr_entry]| m.iter().map(|e| e.index).collect::<Vec<_>>();
         assert_eq!(indices_of(&again.msrs), indices_of(&saved.msrs));
         // KVM's answer is the table set, as KVM adjusted it (kvm_pvm adds
-        // the host's own features to leaves 1, 7 and 0xd); set again, it
-        // reads back the same.
+        // the host's own features to leaves 1, 7 and 0xd, and on some hosts
+        // drops leaves it does not keep: 0x1d, 0x1e and 0x24 on one seen
+        // 2026-12-04); set again, it reads back the same.
         let leaves = |c: &[kvm_bindings::kvm_cpuid_entry2]| {
             c.iter().map(|e| (e.function, e.index)).collect::<Vec<_>>()
         };
-        assert_eq!(leaves(&saved.cpuid), leaves(table.as_slice()));
+        let set = leaves(table.as_slice());
+        let kept = leaves(&saved.cpuid);
+        assert!(
+            kept.iter().all(|l| set.contains(l)),
+            "{kept:x?} of {set:x?}"
+        );
+        assert!(kept.contains(&(0, 0)) && kept.contains(&(1, 0)) && kept.contains(&(7, 0)));
         assert_eq!(again.cpuid, saved.cpuid);
         assert!(saved.tsc_khz > 0);
         assert_eq!(again.tsc_khz, saved.tsc_khz);
