@@ -5,6 +5,7 @@
 //! to the VMM through eventfds and small callback traits. Everything a guest
 //! writes to them is untrusted: no access panics, whatever its offset or size.
 
+pub mod acpi_pm;
 pub mod bus;
 pub mod fw_cfg;
 pub mod i8042;

@@ -6,7 +6,9 @@
 //! looks for, and the virtio-pci functions ([`PciFunction`]). The memory
 //! BARs of the functions are reached through [`PciWindow`], one MMIO range
 //! on the VM's bus that decodes each access by where the BARs are now, so
-//! a guest that sizes and moves a BAR needs no change of the bus.
+//! a guest that sizes and moves a BAR needs no change of the bus. An ACPI
+//! guest may reach the same configuration spaces through ECAM
+//! ([`PciEcam`]).
 //!
 //! Driven by whichever vCPU thread exits on the ports or the window; never
 //! blocks (the bus's lock, then a function's, for one access). A
@@ -22,6 +24,9 @@ use std::sync::{Arc, Mutex};
 use migration::devices::{PciFunctionState, PciState};
 
 use crate::bus::{lock, BusDevice};
+
+mod ecam;
+pub use ecam::{PciEcam, ECAM_BUS_BYTES};
 
 /// The first port of configuration mechanism #1.
 pub const PCI_CONFIG_PORT: u64 = 0xcf8;
@@ -191,6 +196,12 @@ impl ConfigSpace {
 pub trait PciFunction: Send {
     /// Its configuration space.
     fn config(&self) -> &ConfigSpace;
+    /// A guest read of its configuration space: most functions just give
+    /// their bytes; one may act on the read (virtio's PCI configuration
+    /// access capability reads its BAR).
+    fn read_config(&mut self, at: usize, data: &mut [u8]) {
+        self.config().read(at, data);
+    }
     /// A guest write to its configuration space.
     fn write_config(&mut self, at: usize, data: &[u8]);
     /// Puts back the writable bits of a saved configuration space.
@@ -436,7 +447,7 @@ impl BusDevice for PciBus {
             return;
         }
         if let Some((f, at)) = self.data_target(offset, data.len()) {
-            lock(&f).config().read(at, data);
+            lock(&f).read_config(at, data);
         }
     }
 

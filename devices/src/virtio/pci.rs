@@ -6,7 +6,10 @@
 //! page: the common configuration structure, the ISR, the device
 //! configuration, the queue notify area (queue `n` at `4 * n`), the MSI-X
 //! table and its pending bits. The capability list names them, beside the
-//! MSI-X capability. What the common configuration means (features,
+//! MSI-X capability and the PCI configuration access capability (a window
+//! on the BAR through configuration space, which firmware uses before it
+//! maps BARs: the driver sets BAR, offset and length, then reads or writes
+//! the data bytes). What the common configuration means (features,
 //! queues, status) is the shared [`Transport`]'s; this module decodes the
 //! BAR and the configuration space into it.
 //!
@@ -63,11 +66,20 @@ const COMMON_CAP: usize = 0x4c;
 const NOTIFY_CAP: usize = 0x5c;
 const ISR_CAP: usize = 0x70;
 const DEVICE_CAP: usize = 0x80;
+/// The PCI configuration access capability, and its fields: the window
+/// (BAR, offset, length) the driver sets and the data bytes through which
+/// it reads or writes the BAR there.
+const PCI_CFG_CAP: usize = 0x90;
+const PCI_CFG_BAR: usize = PCI_CFG_CAP + 4;
+const PCI_CFG_OFFSET: usize = PCI_CFG_CAP + 8;
+const PCI_CFG_LENGTH: usize = PCI_CFG_CAP + 12;
+const PCI_CFG_DATA: usize = PCI_CFG_CAP + 16;
 /// virtio capability types (cfg_type).
 const CAP_COMMON: u8 = 1;
 const CAP_NOTIFY: u8 = 2;
 const CAP_ISR: u8 = 3;
 const CAP_DEVICE: u8 = 4;
+const CAP_PCI_CFG: u8 = 5;
 
 /// Tells KVM the message of each MSI-X vector the guest programs (the
 /// VMM routes the vector's irqfd to it).
@@ -173,10 +185,13 @@ impl PciTransport {
                 DEVICE_CAP,
                 virtio_cap(CAP_DEVICE, DEVICE_AT, DEVICE_LEN, &[]),
             ),
+            (PCI_CFG_CAP, virtio_cap(CAP_PCI_CFG, 0, 0, &[0; 4])),
         ];
         for (at, cap) in caps {
             config.add_capability(at, &cap);
         }
+        config.set_writable(PCI_CFG_BAR, &[0xff]);
+        config.set_writable(PCI_CFG_OFFSET, &[0xff; 12]);
         Ok(PciTransport {
             core,
             config,
@@ -366,13 +381,63 @@ impl PciTransport {
     }
 }
 
+/// Whether `len` bytes at `at` of configuration space touch the PCI
+/// configuration access capability's data bytes.
+fn touches_cfg_data(at: usize, len: usize) -> bool {
+    at < PCI_CFG_DATA + 4 && at + len > PCI_CFG_DATA
+}
+
+impl PciTransport {
+    /// The BAR range the PCI configuration access capability names now:
+    /// `None` (counted) unless it is BAR 0, 1, 2 or 4 bytes, aligned to
+    /// its length, inside the BAR.
+    fn cfg_window(&self) -> Option<(u64, usize)> {
+        let b = self.config.bytes();
+        let dword = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let (bar, offset, len) = (b[PCI_CFG_BAR], dword(PCI_CFG_OFFSET), dword(PCI_CFG_LENGTH));
+        let ok = bar == 0
+            && matches!(len, 1 | 2 | 4)
+            && offset.is_multiple_of(len)
+            && u64::from(offset) + u64::from(len) <= u64::from(BAR_SIZE);
+        if !ok {
+            self.core
+                .bad("PCI configuration access window", u64::from(offset));
+            return None;
+        }
+        Some((u64::from(offset), len as usize))
+    }
+}
+
 impl PciFunction for PciTransport {
     fn config(&self) -> &ConfigSpace {
         &self.config
     }
 
+    fn read_config(&mut self, at: usize, data: &mut [u8]) {
+        if touches_cfg_data(at, data.len()) {
+            let mut window = [0u8; 4];
+            if let Some((offset, len)) = self.cfg_window() {
+                self.read_bar(offset, &mut window[..len]);
+            }
+            self.config.set(PCI_CFG_DATA, &window);
+        }
+        self.config.read(at, data);
+    }
+
     fn write_config(&mut self, at: usize, data: &[u8]) {
         self.config.write(at, data);
+        if touches_cfg_data(at, data.len()) {
+            let b = self.config.bytes();
+            let bytes = [
+                b[PCI_CFG_DATA],
+                b[PCI_CFG_DATA + 1],
+                b[PCI_CFG_DATA + 2],
+                b[PCI_CFG_DATA + 3],
+            ];
+            if let Some((offset, len)) = self.cfg_window() {
+                self.write_bar(offset, &bytes[..len]);
+            }
+        }
         self.config_changed();
     }
 
