@@ -1,4 +1,7 @@
-//! A PCI machine (`--machine pci`) on a real guest, in one boot: PCI bus 0
+//! A PCI machine (`--machine pci`) on a real guest, in one boot: ACPI
+//! tables (the guest finds the root bridge, ECAM, the RTC and fw_cfg in
+//! them; configuration space reads the same through ECAM as through the
+//! ports), PCI bus 0
 //! with its host bridge, fw_cfg, a virtio-net NIC and a virtio-blk disk as
 //! virtio-pci functions (MSI-X, the machine's default transport) beside a
 //! disk on virtio-mmio (`transport=mmio`). The guest finds them, its NIC
@@ -6,7 +9,8 @@
 //! is snapshotted and restored in a new process (a restore that asks for
 //! another machine or transport is refused, naming it), then migrated to
 //! a third tandem, where the NIC and disks still work (the MSI-X routes
-//! and BARs are set again from the saved state); power-off exits 0.
+//! and BARs are set again from the saved state); power-off, through ACPI,
+//! exits 0.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -23,17 +27,19 @@ const MAC: &str = "52:54:00:00:00:c1";
 /// Where the guest writes on its PCI disk (a sector number).
 const MARK_SECTOR: u64 = 100;
 const MARK: &str = "tandem-pci-mark";
+/// Where a PCI machine's ECAM is (vmm/src/boot/layout.rs; README, `--machine`).
+const ECAM: u64 = 0xf000_0000;
 
 /// The command line tandem gives the default guest on this host, before
 /// what the host needs is appended (README, "Using it"), with eth0's
-/// address and fw_cfg's ports (there is no ACPI to name them).
+/// address. fw_cfg's ports need no parameter: the DSDT names them.
 fn cmdline() -> String {
     let base = if tandem_tests::host_is_emulated() {
         "console=ttyS0 reboot=k panic=1 quiet"
     } else {
         "console=ttyS0 reboot=k panic=1"
     };
-    format!("{base} tandem.ip={GUEST_IP0}/{PREFIX} qemu_fw_cfg.ioport=2@0x510:0:1")
+    format!("{base} tandem.ip={GUEST_IP0}/{PREFIX}")
 }
 
 fn sha(d: &[u8]) -> String {
@@ -176,6 +182,7 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     vm.remove_on_drop(snap.clone());
     phase("pci: booted");
     assert_eq!(vm.ok("nproc", CMD), "2");
+    acpi(&mut vm);
     host_bridge_and_fw_cfg(&mut vm);
     let found = vm.ok(
         "for d in /sys/bus/pci/devices/*; do echo ${d##*/} $(cat $d/vendor $d/device); done",
@@ -309,7 +316,65 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     dest.send("poweroff -f\n");
     let st = dest.wait_exit(EXIT);
     assert_eq!(st.code(), Some(0), "guest poweroff ends tandem with 0");
+    // Through ACPI (S5), not the console's power-off line.
+    assert!(
+        !dest.stderr().contains("made no ACPI power-off"),
+        "{}",
+        dest.stderr()
+    );
     let _ = std::fs::remove_file(&to);
+}
+
+/// The guest found tandem's ACPI tables and the devices the DSDT names;
+/// each function's first 48 bytes of configuration space read the same
+/// through ECAM (busybox devmem on /dev/mem, 32 bits at a time) as through
+/// sysfs (the kernel reads them through ports 0xCF8/0xCFC); an empty slot
+/// reads all ones.
+fn acpi(vm: &mut TestVm) {
+    let tables = vm.ok("ls /sys/firmware/acpi/tables | grep -x '[A-Z]*'", CMD);
+    assert_eq!(
+        tables.lines().collect::<Vec<_>>(),
+        ["APIC", "DSDT", "FACP", "FACS", "MCFG"],
+        "{tables}"
+    );
+    let devices = vm.ok("ls /sys/bus/acpi/devices | tr '\\n' ' '", CMD);
+    for want in ["PNP0A08:00", "PNP0C02:00", "PNP0B00:00", "QEMU0002:00"] {
+        assert!(devices.contains(want), "{want} in {devices}");
+    }
+    let log = vm.ok("dmesg | grep -E 'MMCONFIG|HW-reduced|PCI0' | head -20", CMD);
+    assert!(
+        log.contains("MMCONFIG for domain 0000 [bus 00-00] at [mem 0xf0000000-0xf00fffff]"),
+        "{log}"
+    );
+    assert!(vm.ok("ls /dev/rtc0", CMD).contains("rtc0"));
+    for slot in 0..3u64 {
+        let sysfs = vm.ok(
+            &format!("od -An -tx4 -N48 -v /sys/bus/pci/devices/0000:00:0{slot}.0/config"),
+            CMD,
+        );
+        let ecam = vm.ok(
+            &format!(
+                "for r in $(seq 0 4 44); do devmem $(({ECAM:#x} + ({slot} << 15) + r)) 32; done"
+            ),
+            CMD,
+        );
+        let ecam: Vec<String> = ecam
+            .split_whitespace()
+            .map(|w| {
+                format!(
+                    "{:08x}",
+                    u32::from_str_radix(w.trim_start_matches("0x"), 16).unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(
+            sysfs.split_whitespace().collect::<Vec<_>>(),
+            ecam,
+            "00:0{slot}.0: sysfs vs ECAM"
+        );
+    }
+    let empty = vm.ok(&format!("devmem {:#x} 32", ECAM + (9 << 15)), CMD);
+    assert_eq!(empty, "0xFFFFFFFF");
 }
 
 /// The host bridge at 00:00.0 (its command register set by the guest

@@ -20,7 +20,7 @@ use kvm_ioctls::{Kvm, VmFd};
 
 use crate::api::ApiServer;
 use crate::boot::{self, cpu, layout};
-use crate::config::VmConfig;
+use crate::config::{Machine, VmConfig};
 use crate::cpuid;
 use crate::device_manager::{self, DeviceManager, Devices};
 use crate::device_thread::DeviceThread;
@@ -197,6 +197,7 @@ fn load_kernel(
             initrd: cfg.initrd.as_deref(),
             cmdline: &cmdline,
             num_cpus: cfg.cpus,
+            acpi: cfg.machine == Machine::Pci,
         },
     )?;
     Ok(info.entry)

@@ -177,7 +177,7 @@ impl<W: Write> ConsoleOut<W> {
         } else if let Some(at) = line.find(PANIC_MARK) {
             self.exit.note_panic(line[at..].to_string());
         } else if POWER_OFF_MARKS.iter().any(|m| line.ends_with(m)) {
-            self.exit.signal(VmExit::PowerOff);
+            self.exit.console_power_off();
         }
         self.line.clear();
     }

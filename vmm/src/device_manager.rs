@@ -20,9 +20,10 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use devices::acpi_pm::{AcpiPm, ACPI_PM_PORT, ACPI_PM_PORTS};
 use devices::fw_cfg::{FwCfg, FW_CFG_PORT, FW_CFG_PORTS};
 use devices::i8042::I8042;
-use devices::pci::{PciBus, PciWindow, PCI_CONFIG_PORT, PCI_CONFIG_PORTS};
+use devices::pci::{PciBus, PciEcam, PciWindow, ECAM_BUS_BYTES, PCI_CONFIG_PORT, PCI_CONFIG_PORTS};
 use devices::rtc::{MemorySizes, Rtc, RTC_PORT, RTC_PORTS};
 use devices::serial::{Serial, COM1_IRQ, COM1_PORT, UART_PORTS};
 use devices::virtio::block::backend::DiskBackend;
@@ -49,7 +50,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, Machine, NetSpec, VirtioTransport};
 use crate::console::ConsoleOut;
-use crate::exit::ExitSignal;
+use crate::exit::{ExitSignal, VmExit};
 use crate::exit_counts::ExitCounts;
 use crate::kvm_util::{kvm_op, KvmOp};
 
@@ -92,6 +93,12 @@ pub enum DeviceError {
     TooMany(u32),
     #[error("{0}: transport=pci needs a PCI machine (--machine pci)")]
     PciWithoutMachine(String),
+    #[error(
+        "{id}: on a PCI machine a virtio-mmio device needs an ISA IRQ other than 9 \
+         (the ACPI SCI), 5 to 15; this one would get IRQ {irq} (it is device {index} \
+         of --net then --disk): put it earlier, or use transport=pci"
+    )]
+    MmioIrqOnAcpi { id: String, irq: u32, index: usize },
     #[error("{0}: no free PCI slot or interrupt route left")]
     PciFull(String),
     #[error("{id}: {source}")]
@@ -248,7 +255,27 @@ pub fn virtio_configs(
             slot: virtio_slot(nets.len() + j)?,
         });
     }
+    if machine == Machine::Pci {
+        check_acpi_irqs(&out)?;
+    }
     Ok(out)
+}
+
+/// On a PCI machine (ACPI) the guest maps ISA IRQs 0-15 only, and 9 is
+/// the SCI: a virtio-mmio device must have one of the others.
+fn check_acpi_irqs(configs: &[DeviceConfig]) -> Result<(), DeviceError> {
+    for (index, c) in configs.iter().enumerate() {
+        if let Some(slot) = c.slot() {
+            if slot.irq > 15 || slot.irq == u32::from(crate::boot::acpi::SCI_IRQ) {
+                return Err(DeviceError::MmioIrqOnAcpi {
+                    id: c.id().to_string(),
+                    irq: slot.irq,
+                    index,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The manifest of a VM: the serial console, the PCI host bridge of a PCI
@@ -583,6 +610,13 @@ impl DeviceManager {
             Machine::Pci => {
                 let bus = Arc::new(Mutex::new(PciBus::new()));
                 pio.insert(bus.clone(), PCI_CONFIG_PORT, PCI_CONFIG_PORTS)?;
+                exit.expect_acpi_power_off();
+                let on_power_off = exit.clone();
+                let pm = AcpiPm::new(Box::new(move || {
+                    log::info!("the guest powered off through ACPI (S5)");
+                    on_power_off.signal(VmExit::PowerOff);
+                }));
+                pio.insert(Arc::new(Mutex::new(pm)), ACPI_PM_PORT, ACPI_PM_PORTS)?;
                 Some(bus)
             }
         };
@@ -593,6 +627,11 @@ impl DeviceManager {
                 Arc::new(Mutex::new(window)),
                 layout::PCI_MMIO_START,
                 layout::PCI_MMIO_SIZE,
+            )?;
+            mmio.insert(
+                Arc::new(Mutex::new(PciEcam::new(bus.clone()))),
+                layout::PCI_ECAM_START,
+                ECAM_BUS_BYTES,
             )?;
         }
         Ok(DeviceManager {
@@ -949,6 +988,16 @@ mod tests {
             e.to_string(),
             "blk0: transport=pci needs a PCI machine (--machine pci)"
         );
+        // On a PCI machine, a virtio-mmio device that would get IRQ 9 (the
+        // SCI): the fifth device.
+        let nets: Vec<_> = (0..4)
+            .map(|i| config::parse_net(&format!("tap=t{i}")).unwrap())
+            .collect();
+        disks[0].transport = Some(VirtioTransport::Mmio);
+        let e = virtio_configs(&nets, &disks, Machine::Pci).unwrap_err();
+        assert!(e.to_string().starts_with("blk0: on a PCI machine"), "{e}");
+        assert!(e.to_string().contains("IRQ 9"), "{e}");
+        assert!(virtio_configs(&nets, &disks, Machine::Legacy).is_ok());
         std::fs::remove_file(&disk).unwrap();
     }
 }

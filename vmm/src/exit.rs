@@ -1,6 +1,8 @@
 //! How a VM ends, and how the thread that notices tells the main thread.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use vmm_sys_util::eventfd::EventFd;
 
@@ -54,7 +56,15 @@ pub struct ExitSignal {
     reason: Mutex<Option<VmExit>>,
     panic_line: Mutex<Option<String>>,
     evt: EventFd,
+    /// An ACPI machine: the guest powers off through ACPI, and its
+    /// console's power-off line is only a fallback.
+    acpi: AtomicBool,
 }
+
+/// How long an ACPI machine's guest has, after its console printed the
+/// power-off line, to power off through ACPI before the line is taken as
+/// the power-off (a kernel without ACPI).
+pub const ACPI_POWER_OFF_GRACE: Duration = Duration::from_secs(2);
 
 impl ExitSignal {
     /// A new signal; fails only if no eventfd can be made.
@@ -63,7 +73,41 @@ impl ExitSignal {
             reason: Mutex::new(None),
             panic_line: Mutex::new(None),
             evt: EventFd::new(0)?,
+            acpi: AtomicBool::new(false),
         })
+    }
+
+    /// Marks the machine as one that powers off through ACPI.
+    pub fn expect_acpi_power_off(&self) {
+        self.acpi.store(true, Ordering::Relaxed);
+    }
+
+    /// The guest's console printed the kernel's power-off line. Without
+    /// ACPI that is the power-off. With ACPI the power-off comes from the
+    /// guest's sleep-state write; the line counts only if none comes
+    /// within [`ACPI_POWER_OFF_GRACE`] (said with a warning).
+    pub fn console_power_off(self: &Arc<Self>) {
+        if !self.acpi.load(Ordering::Relaxed) {
+            self.signal(VmExit::PowerOff);
+            return;
+        }
+        let me = self.clone();
+        let waiter = std::thread::Builder::new()
+            .name("acpi-grace".into())
+            .spawn(move || {
+                std::thread::sleep(ACPI_POWER_OFF_GRACE);
+                if devices::bus::lock(&me.reason).is_none() {
+                    log::warn!(
+                        "the guest printed its power-off line but made no ACPI power-off \
+                         within {} s: taking the line as the power-off",
+                        ACPI_POWER_OFF_GRACE.as_secs()
+                    );
+                    me.signal(VmExit::PowerOff);
+                }
+            });
+        if waiter.is_err() {
+            self.signal(VmExit::PowerOff);
+        }
     }
 
     /// A clone of the eventfd: a write with no reason recorded means reset
@@ -145,5 +189,20 @@ mod tests {
         s.note_panic("Kernel panic - not syncing: x".into());
         s.reset_evt().unwrap().write(1).unwrap();
         assert_eq!(s.wait().status(), 2);
+    }
+
+    #[test]
+    fn acpi_machines_take_the_console_line_only_after_the_grace() {
+        let s = Arc::new(ExitSignal::new().unwrap());
+        s.console_power_off();
+        assert_eq!(s.wait(), VmExit::PowerOff);
+
+        let s = Arc::new(ExitSignal::new().unwrap());
+        s.expect_acpi_power_off();
+        let t = std::time::Instant::now();
+        s.console_power_off();
+        assert!(devices::bus::lock(&s.reason).is_none());
+        assert_eq!(s.wait(), VmExit::PowerOff);
+        assert!(t.elapsed() >= ACPI_POWER_OFF_GRACE);
     }
 }

@@ -5,9 +5,11 @@
 //! 0x0000_6000  setup_data (RNG seed)
 //! 0x0000_7000  boot_params       0x0000_8ff0  boot stack (top)
 //! 0x0000_9000  PML4, PDPT, PD    0x0002_0000  kernel command line
-//! 0x0009_fc00  MP table (EBDA)   0x0010_0000  kernel (high memory)
+//! 0x0009_fc00  MP table (EBDA)   0x000e_0000  ACPI tables (a PCI machine's)
+//! 0x0010_0000  kernel (high memory)
 //! 0xd000_0000  MMIO gap: devices, up to 4 GiB; RAM beyond continues at 4 GiB
 //! 0xe000_0000  PCI BARs (256 MiB, a PCI machine's)
+//! 0xf000_0000  ECAM of PCI bus 0 (1 MiB, a PCI machine's)
 //! ```
 
 pub const GDT_START: u64 = 0x500;
@@ -25,6 +27,10 @@ pub const CMDLINE_MAX_SIZE: usize = 2048;
 pub const MPTABLE_START: u64 = 0x9_fc00;
 /// End of the low RAM range (start of the EBDA).
 pub const EBDA_START: u64 = 0x9_fc00;
+/// Where a PCI machine's ACPI tables go: the RSDP first (a guest scans
+/// 0xE0000-0xFFFFF for it), then the others, all below 1 MiB.
+pub const ACPI_START: u64 = 0xe_0000;
+pub const ACPI_END: u64 = 0x10_0000;
 pub const HIMEM_START: u64 = 0x10_0000;
 pub const MMIO_GAP_START: u64 = 0xd000_0000;
 pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
@@ -32,6 +38,8 @@ pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
 /// above the virtio-mmio windows, below the IOAPIC.
 pub const PCI_MMIO_START: u64 = 0xe000_0000;
 pub const PCI_MMIO_SIZE: u64 = 0x1000_0000;
+/// ECAM (memory-mapped configuration space) of a PCI machine's bus 0.
+pub const PCI_ECAM_START: u64 = 0xf000_0000;
 /// Where the in-kernel IOAPIC and local APICs live.
 pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
 pub const APIC_ADDR: u32 = 0xfee0_0000;

@@ -3,6 +3,7 @@
 //! Runs once, before any vCPU starts; every input here is user-controlled and
 //! fails with a clear error, never a panic.
 
+pub mod acpi;
 pub mod cpu;
 pub mod layout;
 pub mod mptable;
@@ -55,6 +56,8 @@ pub enum BootError {
     Memory(#[from] vm_memory::GuestMemoryError),
     #[error(transparent)]
     Mptable(#[from] mptable::MptableError),
+    #[error(transparent)]
+    Acpi(#[from] acpi::AcpiError),
     #[error("cannot read random bytes for the guest's RNG seed: {0}")]
     RngSeed(std::io::Error),
 }
@@ -74,6 +77,8 @@ pub struct BootSpec<'a> {
     pub initrd: Option<&'a Path>,
     pub cmdline: &'a str,
     pub num_cpus: u8,
+    /// Whether to describe the machine with ACPI tables (a PCI machine).
+    pub acpi: bool,
 }
 
 const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
@@ -124,9 +129,13 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec) -> Result<BootInfo, BootErro
         params.hdr.ramdisk_image = addr as u32;
         params.hdr.ramdisk_size = size as u32;
     }
-    write_e820(&mut params, mem);
+    write_e820(&mut params, mem, spec.acpi);
     params.hdr.setup_data = write_rng_seed(mem)?;
+    if spec.acpi {
+        params.acpi_rsdp_addr = acpi::write(mem, spec.num_cpus)?;
+    }
     mem.write_obj(params, GuestAddress(ZERO_PAGE_START))?;
+    // Also on an ACPI machine: a guest booted with `acpi=off` reads it.
     mptable::write(mem, spec.num_cpus)?;
 
     let entry = if bzimage {
@@ -177,17 +186,25 @@ fn load_kernel(
 }
 
 /// The e820 map: low RAM below the EBDA, the EBDA and legacy hole
-/// reserved, then guest RAM from 1 MiB on.
-fn write_e820(params: &mut boot_params, mem: &GuestMemoryMmap) {
+/// reserved, then guest RAM from 1 MiB on. With ACPI, also the tables'
+/// area and ECAM, reserved (Linux uses ECAM only where the firmware
+/// reserved it).
+fn write_e820(params: &mut boot_params, mem: &GuestMemoryMmap, acpi: bool) {
     let mut e820 = vec![
         (0, EBDA_START, E820_RAM),
         (EBDA_START, 0xa_0000 - EBDA_START, E820_RESERVED),
     ];
+    if acpi {
+        e820.push((ACPI_START, ACPI_END - ACPI_START, E820_RESERVED));
+    }
     for (base, size) in ram_ranges(mem.iter().map(|r| r.len()).sum()) {
         let start = base.max(HIMEM_START);
         if base + size > start {
             e820.push((start, base + size - start, E820_RAM));
         }
+    }
+    if acpi {
+        e820.push((PCI_ECAM_START, devices::pci::ECAM_BUS_BYTES, E820_RESERVED));
     }
     for (i, (addr, size, type_)) in e820.iter().enumerate() {
         params.e820_table[i] = boot_e820_entry {
