@@ -184,6 +184,12 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     assert_eq!(vm.ok("nproc", CMD), "2");
     acpi(&mut vm);
     host_bridge_and_fw_cfg(&mut vm);
+    // Linux's ACPI and PCI code made no access the PM1a block or the bus
+    // had to refuse.
+    let (code, m) = ctl(&sock, &["metrics"]);
+    assert_eq!(code, 0, "{m}");
+    assert_eq!(m["metrics"]["acpi_pm"]["ignored_accesses"], 0, "{m}");
+    assert_eq!(m["metrics"]["pci"]["bad_accesses"], 0, "{m}");
     let found = vm.ok(
         "for d in /sys/bus/pci/devices/*; do echo ${d##*/} $(cat $d/vendor $d/device); done",
         CMD,

@@ -83,6 +83,27 @@ pub type RtcPort = Arc<Mutex<Rtc>>;
 pub type FwCfgPort = Arc<Mutex<FwCfg>>;
 /// PCI bus 0, as a PCI machine has it.
 pub type PciPort = Arc<Mutex<PciBus>>;
+/// A PCI machine's ACPI PM1a block (shared with the port bus).
+pub type AcpiPmPort = Arc<Mutex<AcpiPm>>;
+
+/// What a PCI machine adds to the port bus: PCI bus 0 at 0xCF8 and the
+/// ACPI PM1a block, whose S5 write powers the VM off (so the console's
+/// power-off line becomes a fallback).
+fn pci_machine_ports(
+    pio: &mut Bus,
+    exit: &Arc<ExitSignal>,
+) -> Result<(PciPort, AcpiPmPort), DeviceError> {
+    let bus = Arc::new(Mutex::new(PciBus::new()));
+    pio.insert(bus.clone(), PCI_CONFIG_PORT, PCI_CONFIG_PORTS)?;
+    exit.expect_acpi_power_off();
+    let on_power_off = exit.clone();
+    let pm = Arc::new(Mutex::new(AcpiPm::new(Box::new(move || {
+        log::info!("the guest powered off through ACPI (S5)");
+        on_power_off.signal(VmExit::PowerOff);
+    }))));
+    pio.insert(pm.clone(), ACPI_PM_PORT, ACPI_PM_PORTS)?;
+    Ok((bus, pm))
+}
 /// The serial console, as the VM has it.
 pub type SerialPort = Arc<Mutex<Serial<ConsoleOut<io::Stdout>>>>;
 
@@ -528,6 +549,7 @@ pub struct DeviceManager {
     serial_irq: EventFd,
     rtc: RtcPort,
     pci: Option<PciPort>,
+    acpi_pm: Option<AcpiPmPort>,
     fw_cfg: FwCfgPort,
     exit: Arc<ExitSignal>,
     mem: GuestMemoryMmap,
@@ -552,6 +574,8 @@ pub struct Devices {
     pub serial: SerialPort,
     pub rtc: RtcPort,
     pub pci: Option<PciPort>,
+    /// A PCI machine's ACPI PM1a block.
+    pub acpi_pm: Option<AcpiPmPort>,
     pub fw_cfg: FwCfgPort,
     serial_irq: EventFd,
     exit: Arc<ExitSignal>,
@@ -605,19 +629,11 @@ impl DeviceManager {
         let ram = layout::ram_ranges(sizes.below_4g + sizes.above_4g);
         let fw_cfg = Arc::new(Mutex::new(FwCfg::new(&ram, u16::from(cpus))));
         pio.insert(fw_cfg.clone(), FW_CFG_PORT, FW_CFG_PORTS)?;
-        let pci = match machine {
-            Machine::Legacy => None,
+        let (pci, acpi_pm) = match machine {
+            Machine::Legacy => (None, None),
             Machine::Pci => {
-                let bus = Arc::new(Mutex::new(PciBus::new()));
-                pio.insert(bus.clone(), PCI_CONFIG_PORT, PCI_CONFIG_PORTS)?;
-                exit.expect_acpi_power_off();
-                let on_power_off = exit.clone();
-                let pm = AcpiPm::new(Box::new(move || {
-                    log::info!("the guest powered off through ACPI (S5)");
-                    on_power_off.signal(VmExit::PowerOff);
-                }));
-                pio.insert(Arc::new(Mutex::new(pm)), ACPI_PM_PORT, ACPI_PM_PORTS)?;
-                Some(bus)
+                let (bus, pm) = pci_machine_ports(&mut pio, exit)?;
+                (Some(bus), Some(pm))
             }
         };
         let mut mmio = Bus::new();
@@ -644,6 +660,7 @@ impl DeviceManager {
             serial_irq,
             rtc,
             pci,
+            acpi_pm,
             fw_cfg,
             exit: exit.clone(),
             mem,
@@ -665,6 +682,7 @@ impl DeviceManager {
             serial_irq: self.serial_irq,
             rtc: self.rtc,
             pci: self.pci,
+            acpi_pm: self.acpi_pm,
             fw_cfg: self.fw_cfg,
             exit: self.exit,
         };

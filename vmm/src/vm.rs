@@ -526,6 +526,13 @@ impl VmHandle {
                 let bad = lock(bus).bad_accesses();
                 o.insert("pci".into(), serde_json::json!({ "bad_accesses": bad }));
             }
+            if let Some(pm) = &self.0.devices.acpi_pm {
+                let ignored = lock(pm).ignored_accesses();
+                o.insert(
+                    "acpi_pm".into(),
+                    serde_json::json!({ "ignored_accesses": ignored }),
+                );
+            }
         }
         // A COLO side's report, as colo_status gives it.
         if let (Some(side), Some(o)) = (self.colo(), m.as_object_mut()) {
