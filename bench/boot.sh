@@ -4,14 +4,16 @@
 # run: time from process start to "tandem-guest: ready" and the VMM's own
 # memory (RSS minus guest RAM), min/median of N runs (default 5). QEMU loads
 # the bzImage of the same kernel (it needs a PVH note to load a vmlinux);
-# `--tandem-bzimage` also times tandem on the bzImage.
+# `--tandem-bzimage` also times tandem on the bzImage; `--pci` also boots a
+# PCI machine with ACPI: tandem `--machine pci` vs QEMU `-M pc` (TCG, its
+# SeaBIOS, PCI and ACPI; i440FX like tandem's).
 #
 # `--before REV` adds a row for tandem as it was at git revision REV, on the
 # default guest REV built (its own kernel config, initramfs and command
 # line): the tree at REV is checked out in a temporary directory, its guest
 # built by its own resources/build-guest.sh (cached in ~/.cache/tandem like
 # ours) and its tandem by cargo; all rows run interleaved in one run.
-# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--before REV]
+# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--pci] [--before REV]
 source "$(dirname "$0")/common.sh"
 args=()
 before=()

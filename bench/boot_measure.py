@@ -86,6 +86,8 @@ def main():
     ap.add_argument("--qemu", default="qemu-system-x86_64")
     ap.add_argument("--qemu-kvm-timeout", type=float, default=60,
                     help="QEMU with KVM stalls on this host: give up on it sooner")
+    ap.add_argument("--pci", action="store_true",
+                    help="also boot a PCI machine with ACPI: tandem --machine pci vs QEMU -M pc (TCG)")
     ap.add_argument("--tandem-bzimage", action="store_true",
                     help="also time tandem booting the bzImage")
     ap.add_argument("--before", nargs=5, metavar=("NAME", "TANDEM", "KERNEL", "INITRD", "CMDLINE"),
@@ -107,6 +109,12 @@ def main():
         name, tandem, kernel, initrd, cmdline = args.before
         peers[f"tandem {name} (KVM)"] = [tandem, "run", "--kernel", kernel, "--initrd", initrd,
                                          "--cmdline", cmdline, "--mem", mem]
+    if args.pci:
+        peers["tandem pci+ACPI (KVM)"] = peers["tandem (KVM)"] + ["--machine", "pci"]
+        peers["QEMU pc+ACPI (TCG)"] = [
+            args.qemu, "-M", "pc", "-accel", "tcg", "-m", mem, "-smp", "1",
+            "-kernel", args.bzimage, "-initrd", args.initrd, "-append", args.cmdline,
+            "-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot"]
     if args.tandem_bzimage:
         peers["tandem bzImage (KVM)"] = [args.tandem, "run", "--kernel", args.bzimage, "--initrd",
                                          args.initrd, "--cmdline", args.cmdline, "--mem", mem]
@@ -136,7 +144,7 @@ def main():
     print(f"\nBoot to '{READY.decode()}', {args.mem_mib} MiB, 1 vCPU, {args.runs} runs, "
           f"same kernel/initramfs/cmdline;\n"
           f"tandem rows boot the ELF vmlinux (a --before row its own), the QEMU rows the same kernel's bzImage")
-    print(f"{'VMM':<22} {'ready min':>10} {'ready med':>10} {'overhead min':>13} "
+    print(f"{'VMM':<24} {'ready min':>10} {'ready med':>10} {'overhead min':>13} "
           f"{'overhead med':>13} {'ready ratio':>12}  notes")
     for name, r in results.items():
         rmin, rmed = mm(r["ready"])
@@ -145,7 +153,7 @@ def main():
         if rmed is not None and t_ready[1] is not None:
             ratio = f"{rmed / t_ready[1]:.2f}x"
         note = f"did not reach ready in {r['failed']} run(s): {r['why']}" if r["failed"] else ""
-        print(f"{name:<22} {fmt(rmin, 's'):>10} {fmt(rmed, 's'):>10} {fmt(omin, 'MiB'):>13} "
+        print(f"{name:<24} {fmt(rmin, 's'):>10} {fmt(rmed, 's'):>10} {fmt(omin, 'MiB'):>13} "
               f"{fmt(omed, 'MiB'):>13} {ratio:>12}  {note}")
     print("ready ratio = peer median / tandem median (above 1: tandem is faster)")
 
