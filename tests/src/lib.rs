@@ -360,10 +360,9 @@ impl TestVm {
         let before = self.wait_for(&format!("@@{n}@@ "), timeout);
         let status_text = self.wait_for("\n", CMD_TIMEOUT);
         let status = status_text.trim().parse().unwrap_or(-1);
-        // Drop the prompt the shell printed before reading the command.
-        let out = before.trim_start();
-        let out = out.strip_prefix("~ # ").unwrap_or(out);
-        (out.trim().to_string(), status)
+        // Drop the prompt the shell printed before reading the command, and
+        // any notice of a background job that ended printed before it.
+        (strip_prompt(&before).trim().to_string(), status)
     }
 
     /// Runs a command that must succeed, returning its output.
@@ -505,4 +504,64 @@ pub fn hex(d: &[u8]) -> String {
 pub fn read_metrics(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).expect("metrics file");
     serde_json::from_str(&text).expect("metrics JSON")
+}
+
+/// What a command printed, without what the shell printed before it: its
+/// prompt, and the notices of background jobs that ended (busybox ash
+/// prints `[3]+  Done   nc -l ...` before the next prompt).
+fn strip_prompt(before: &str) -> &str {
+    let mut out = before.trim_start();
+    loop {
+        if let Some(rest) = out.strip_prefix("~ # ") {
+            out = rest.trim_start();
+        } else if is_job_notice(out.lines().next().unwrap_or("")) {
+            out = out
+                .split_once('\n')
+                .map_or("", |(_, rest)| rest)
+                .trim_start();
+        } else {
+            return out;
+        }
+    }
+}
+
+/// `[N]+  Done ...`, `[N]- Exit 1 ...`, `[N]   Killed ...` and the like.
+fn is_job_notice(line: &str) -> bool {
+    let Some(rest) = line.strip_prefix('[') else {
+        return false;
+    };
+    let Some((n, rest)) = rest.split_once(']') else {
+        return false;
+    };
+    let rest = rest.trim_start_matches(['+', '-']).trim_start();
+    !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
+        && [
+            "Done",
+            "Exit",
+            "Killed",
+            "Terminated",
+            "Stopped",
+            "Hangup",
+            "Interrupt",
+        ]
+        .iter()
+        .any(|w| rest.starts_with(w))
+}
+
+#[cfg(test)]
+mod prompt_tests {
+    use super::strip_prompt;
+
+    #[test]
+    fn prompts_and_job_notices_are_dropped() {
+        assert_eq!(strip_prompt("~ # abc"), "abc");
+        assert_eq!(
+            strip_prompt("[3]+  Done                       nc -l -p 5002 0</dev/null 1>/tmp/in5002\n~ # 68ea  /mnt/one"),
+            "68ea  /mnt/one"
+        );
+        assert_eq!(strip_prompt("~ # [1]-  Exit 1   false\nx"), "x");
+        assert_eq!(strip_prompt("[a] b"), "[a] b");
+        assert_eq!(strip_prompt("[2] 1234"), "[2] 1234");
+    }
 }
