@@ -116,10 +116,10 @@ pub enum DeviceError {
     PciWithoutMachine(String),
     #[error(
         "{id}: on a PCI machine a virtio-mmio device needs an ISA IRQ other than 9 \
-         (the ACPI SCI), 5 to 15; this one would get IRQ {irq} (it is device {index} \
-         of --net then --disk): put it earlier, or use transport=pci"
+         (the ACPI SCI), 5 to 15; this one would get IRQ {irq} (it is device {number} \
+         of --net then --disk): move it, or use transport=pci"
     )]
-    MmioIrqOnAcpi { id: String, irq: u32, index: usize },
+    MmioIrqOnAcpi { id: String, irq: u32, number: usize },
     #[error("{0}: no free PCI slot or interrupt route left")]
     PciFull(String),
     #[error("{id}: {source}")]
@@ -291,7 +291,7 @@ fn check_acpi_irqs(configs: &[DeviceConfig]) -> Result<(), DeviceError> {
                 return Err(DeviceError::MmioIrqOnAcpi {
                     id: c.id().to_string(),
                     irq: slot.irq,
-                    index,
+                    number: index + 1,
                 });
             }
         }
@@ -1014,7 +1014,7 @@ mod tests {
         disks[0].transport = Some(VirtioTransport::Mmio);
         let e = virtio_configs(&nets, &disks, Machine::Pci).unwrap_err();
         assert!(e.to_string().starts_with("blk0: on a PCI machine"), "{e}");
-        assert!(e.to_string().contains("IRQ 9"), "{e}");
+        assert!(e.to_string().contains("IRQ 9 (it is device 5 of"), "{e}");
         assert!(virtio_configs(&nets, &disks, Machine::Legacy).is_ok());
         std::fs::remove_file(&disk).unwrap();
     }
