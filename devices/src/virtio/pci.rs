@@ -392,9 +392,9 @@ impl PciTransport {
     /// `None` (counted) unless it is BAR 0, 1, 2 or 4 bytes, aligned to
     /// its length, inside the BAR.
     fn cfg_window(&self) -> Option<(u64, usize)> {
-        let b = self.config.bytes();
-        let dword = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-        let (bar, offset, len) = (b[PCI_CFG_BAR], dword(PCI_CFG_OFFSET), dword(PCI_CFG_LENGTH));
+        let c = &self.config;
+        let bar = c.bytes()[PCI_CFG_BAR];
+        let (offset, len) = (c.dword(PCI_CFG_OFFSET), c.dword(PCI_CFG_LENGTH));
         let ok = bar == 0
             && matches!(len, 1 | 2 | 4)
             && offset.is_multiple_of(len)
@@ -427,13 +427,7 @@ impl PciFunction for PciTransport {
     fn write_config(&mut self, at: usize, data: &[u8]) {
         self.config.write(at, data);
         if touches_cfg_data(at, data.len()) {
-            let b = self.config.bytes();
-            let bytes = [
-                b[PCI_CFG_DATA],
-                b[PCI_CFG_DATA + 1],
-                b[PCI_CFG_DATA + 2],
-                b[PCI_CFG_DATA + 3],
-            ];
+            let bytes = self.config.dword(PCI_CFG_DATA).to_le_bytes();
             if let Some((offset, len)) = self.cfg_window() {
                 self.write_bar(offset, &bytes[..len]);
             }
