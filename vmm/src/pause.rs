@@ -155,6 +155,17 @@ impl Gate {
         &self,
         total: usize,
         timeout: Duration,
+        kick: impl FnMut(),
+    ) -> Result<(), PauseError> {
+        self.pause_kicking(total, timeout, KICK_PERIOD, kick)
+    }
+
+    /// [`Gate::pause_within`], kicking every `period`.
+    fn pause_kicking(
+        &self,
+        total: usize,
+        timeout: Duration,
+        period: Duration,
         mut kick: impl FnMut(),
     ) -> Result<(), PauseError> {
         let start = Instant::now();
@@ -172,11 +183,16 @@ impl Gate {
             drop(s);
             kick();
             s = devices::bus::lock(&self.state);
-            s = self
-                .changed
-                .wait_timeout(s, KICK_PERIOD)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
+            // A thread woken by the kick may have parked (and notified) in
+            // the moment the lock was free: waiting then would lose a whole
+            // kick period.
+            if s.parked < total {
+                s = self
+                    .changed
+                    .wait_timeout(s, period)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0;
+            }
         }
         Ok(())
     }
@@ -228,6 +244,35 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+    }
+
+    #[test]
+    fn a_thread_that_parks_at_the_kick_ends_the_pause_at_once() {
+        let gate = Arc::new(Gate::default());
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let g = gate.clone();
+        let thread = std::thread::spawn(move || {
+            while rx.recv().is_ok() {
+                g.park_if_paused();
+            }
+        });
+        // The kick returns only once the thread has parked (and notified,
+        // with nobody waiting yet): the pause must see it without waiting
+        // for a notification that already went.
+        let period = Duration::from_secs(30);
+        let kick = || {
+            tx.send(()).unwrap();
+            while devices::bus::lock(&gate.state).parked == 0 {
+                std::thread::yield_now();
+            }
+        };
+        let start = Instant::now();
+        gate.pause_kicking(1, Duration::from_secs(60), period, kick)
+            .unwrap();
+        assert!(start.elapsed() < period / 2, "waited a kick period");
+        gate.resume();
+        drop(tx);
+        thread.join().unwrap();
     }
 
     #[test]
