@@ -37,6 +37,11 @@ const THROTTLE_FIRST: u8 = 20;
 const THROTTLE_STEP: u8 = 10;
 const THROTTLE_MAX: u8 = 99;
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// At most this many pre-copy rounds after the dirty set first fits the
+/// downtime budget (each one halves it at least).
+const MAX_SHRINK_ROUNDS: u32 = 5;
+/// A dirty set this small goes into the stop-and-copy as it is.
+const SMALL_SET_BYTES: u64 = 1 << 20;
 /// How long a completed migration waits for its report to be read.
 const COLLECT_WAIT: Duration = Duration::from_secs(2);
 
@@ -325,7 +330,8 @@ impl<'a> Run<'a> {
     }
 
     /// Rounds while the last dirty set would take longer than the downtime
-    /// budget to send; returns the set left for the stop-and-copy.
+    /// budget to send, and then while they still shrink the set (see
+    /// [`stop_and_copy_now`]); returns the set left for the stop-and-copy.
     ///
     /// At each look (a harvest of the dirty log) the window since the last
     /// look gives the guest's dirty rate and what was sent meanwhile; from
@@ -339,6 +345,7 @@ impl<'a> Run<'a> {
         let ram = self.vm.ram();
         let mut round = 1;
         let (mut last_look, mut sent_at_look) = (self.started, self.sent.bytes());
+        let (mut last_set, mut shrink_rounds) = (None, 0);
         loop {
             self.check_going()?;
             self.slicer.point();
@@ -362,12 +369,16 @@ impl<'a> Run<'a> {
             });
             // Not converging ends at the time limit (check_going), never in
             // a stop-and-copy over the budget.
-            if estimate_ms <= self.params.downtime_ms as f64 {
+            let within = estimate_ms <= self.params.downtime_ms as f64;
+            if stop_and_copy_now(within, bytes, last_set, shrink_rounds) {
                 return Ok(dirty);
             }
-            if round > 1 {
+            if within {
+                shrink_rounds += 1;
+            } else if round > 1 {
                 self.converge(dirty_rate, sent_rate)?;
             }
+            last_set = Some(bytes);
             let progress = progress_to(self.status);
             let stop = pre_copy_stop(self, &progress);
             pages::send_dirty(ram, conn, &dirty, self.params, &mut self.sent, &stop)?;
@@ -513,6 +524,29 @@ fn next_throttle(current: u8, dirty_rate: f64, sent_rate: f64) -> Option<u8> {
     })
 }
 
+/// Whether the pre-copy ends now, at a look that found `bytes` dirty
+/// (`within`: they fit the downtime budget at the measured send rate),
+/// after `shrink_rounds` rounds sent within the budget, the last of them
+/// sending `last_set` bytes.
+///
+/// The budget is a ceiling, not a target: the guest stops for the whole
+/// downtime on top of whatever it was doing, so a set that fits is sent
+/// while the guest runs for as long as each such round at least halves it
+/// (a guest dirtying under half the send rate), up to
+/// [`MAX_SHRINK_ROUNDS`], unless it is already [`SMALL_SET_BYTES`] or less.
+fn stop_and_copy_now(within: bool, bytes: u64, last_set: Option<u64>, shrink_rounds: u32) -> bool {
+    if !within {
+        return false;
+    }
+    if bytes <= SMALL_SET_BYTES || shrink_rounds >= MAX_SHRINK_ROUNDS {
+        return true;
+    }
+    match last_set {
+        Some(last) if shrink_rounds > 0 => bytes.saturating_mul(2) > last,
+        _ => false,
+    }
+}
+
 /// Cancel, time limit and slices, for the pre-copy.
 fn pre_copy_stop<'s>(run: &Run<'s>, progress: &'s dyn Fn(&Sent)) -> Stop<'s> {
     let limit = Duration::from_secs(run.params.timeout_s);
@@ -539,6 +573,29 @@ mod tests {
     use super::*;
 
     const MIB: f64 = (1 << 20) as f64;
+
+    #[test]
+    fn a_set_within_the_budget_is_shrunk_while_rounds_halve_it() {
+        const MIB: u64 = 1 << 20;
+        // Over the budget: always another round.
+        assert!(!stop_and_copy_now(false, MIB / 2, None, 0));
+        assert!(!stop_and_copy_now(false, 40 * MIB, Some(80 * MIB), 9));
+        // A small set goes at once (an idle guest).
+        assert!(stop_and_copy_now(true, MIB, None, 0));
+        // The first fit: one more round.
+        assert!(!stop_and_copy_now(true, 40 * MIB, Some(120 * MIB), 0));
+        // It halved: again; it did not: stop.
+        assert!(!stop_and_copy_now(true, 15 * MIB, Some(40 * MIB), 1));
+        assert!(!stop_and_copy_now(true, 20 * MIB, Some(40 * MIB), 1));
+        assert!(stop_and_copy_now(true, 21 * MIB, Some(40 * MIB), 1));
+        // Never more than MAX_SHRINK_ROUNDS of them.
+        assert!(stop_and_copy_now(
+            true,
+            2 * MIB,
+            Some(8 * MIB),
+            MAX_SHRINK_ROUNDS
+        ));
+    }
 
     #[test]
     fn the_throttle_steps_only_when_dirtying_outpaces_half_the_sending() {
