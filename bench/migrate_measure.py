@@ -153,7 +153,10 @@ class Guest:
                 time.sleep(GRACE_S)
             finally:
                 pings = pinger.stop()
-            res.update(felt(pings, jit, (t_quiet, t_before, t0, t1)))
+            # The migration ended (the source's own total time) before the
+            # client saw it: it polls every 100 ms.
+            t_end = t0 + res["total_s"] if res.get("total_s") else t1
+            res.update(felt(pings, jit, (t_quiet, t_before, t0, t1), t_end))
             if res["converged"]:
                 self.arrived(run)
             return res
@@ -165,9 +168,10 @@ class Guest:
             unlink(*run.get("files", []))
 
 
-def felt(pings, jit, marks):
+def felt(pings, jit, marks, t_end):
     """What the guest felt: quiet [t_quiet, t_before), before [t_before, t0),
-    during [t0, t1 + GRACE_S]."""
+    during [t0, t1 + GRACE_S]; where the largest gap during ended, from
+    t_end (the migration's end)."""
     t_quiet, t_before, t0, t1 = marks
     gaps, maxima, bad = jit.gaps(t_quiet, time.monotonic())
     quiet = window(pings, gaps, maxima, t_quiet, t_before)
@@ -178,8 +182,8 @@ def felt(pings, jit, marks):
            "rtt_max_ms": during["rtt_max_ms"], "loss_pct": during["loss_pct"],
            "rtt_before_ms": before["rtt_avg_ms"], "loss_before_pct": before["loss_pct"],
            "reports": during["reports"], "pings": during["pings"], "bad_datagrams": bad}
-    if during["max_gap_t"] is not None:  # where the largest gap was, s after the end
-        res["gap_during_at_s"] = during["max_gap_t"] - t1
+    if during["max_gap_t"] is not None:  # where the largest gap ended, s after the end
+        res["gap_during_at_s"] = during["max_gap_t"] - t_end
     if before["reports"] == 0:
         res["why"] = "no datagram from tandem-jitter before the migration"
     return res
@@ -548,7 +552,7 @@ def describe(r):
             f"{v('sent_mib')} MiB, {v('rounds')} rounds, throttle {v('throttle_pct')}%, "
             f"dirty rate {v('dirty_rate_mib')} MiB/s, max gap quiet/before/during "
             f"{v('gap_quiet_ms')}/{v('gap_before_ms')}/{v('gap_during_ms')} ms (the largest "
-            f"at {v('gap_during_at_s', '{:+.2f}')} s from the end), rtt avg/max "
+            f"ended {v('gap_during_at_s', '{:+.2f}')} s from the migration's end), rtt avg/max "
             f"{v('rtt_avg_ms', '{:.1f}')}/{v('rtt_max_ms')} ms, loss {v('loss_pct', '{:.1f}')}%"
             + (f"; {r['why']}" if r.get("why") else ""))
 
