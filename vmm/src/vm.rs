@@ -346,8 +346,12 @@ impl VmHandle {
         }
         self.check_state(s)?;
         // Whatever KVM built from the memory the vCPUs ran on goes: the
-        // caller has just written the state's memory.
-        self.0.ram.forget_mappings()?;
+        // caller has just written the state's memory. An incoming VM's
+        // vCPUs have never run: nothing to forget (re-registering every
+        // slot would cost the migration's downtime for nothing).
+        if !self.is_empty() {
+            self.0.ram.forget_mappings()?;
+        }
         vm_state::apply_vm_wide(&self.0.fd, &s.vm)?;
         lock(&self.0.vcpus).apply(s.vcpus.clone())?;
         for (slot, (_, d)) in self.virtio().iter().zip(&s.devices) {
