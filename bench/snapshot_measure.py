@@ -132,6 +132,7 @@ class JsonSock:
                 time.sleep(0.005)
         self.s.settimeout(600)
         self.buf = b""
+        self.events = []  # QMP events met while waiting for answers
 
     def recv(self):
         while b"\n" not in self.buf:
@@ -151,6 +152,7 @@ class JsonSock:
             ans = self.recv()
             if "event" not in ans:  # QMP events are not answers
                 return ans, (time.monotonic() - t0) * 1000.0
+            self.events.append(ans)
 
     def close(self):
         self.s.close()

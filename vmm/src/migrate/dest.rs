@@ -11,7 +11,7 @@
 //! or write or allocate beyond the memory this VM was started with.
 
 use std::io::{Cursor, Read, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use migration::protocol::{self, Command, Message};
 use vm_memory::{Bytes, GuestAddress};
@@ -66,8 +66,15 @@ pub fn spawn_then(
         .spawn(move || {
             eprintln!("tandem: waiting for a migration on {from}");
             match receive(&vm, &listener, then.is_none()) {
-                Ok((pages, conn)) => {
+                Ok((pages, conn, resumed_in)) => {
                     log::info!("migration from {from}: {pages} pages received; the guest is here");
+                    if let Some(d) = resumed_in {
+                        eprintln!(
+                            "tandem: the guest came from {from} and runs here (resumed {:.3} ms \
+                             after the source's go)",
+                            d.as_secs_f64() * 1000.0
+                        );
+                    }
                     match then {
                         Some(then) => then(&vm, conn, &listener),
                         None => announce(&vm),
@@ -97,8 +104,14 @@ fn admit_source(listener: &Listener) -> Result<Conn, MigrateError> {
 }
 
 /// The whole receive, up to the guest running here (or ready to, paused,
-/// unless `resume`); returns the pages written and the stream.
-fn receive(vm: &VmHandle, listener: &Listener, resume: bool) -> Result<(u64, Conn), MigrateError> {
+/// unless `resume`); returns the pages written, the stream, and (when it
+/// resumed the guest) how long that took after `Go` arrived: the part of
+/// the downtime the source cannot see.
+fn receive(
+    vm: &VmHandle,
+    listener: &Listener,
+    resume: bool,
+) -> Result<(u64, Conn, Option<Duration>), MigrateError> {
     let mut conn = admit_source(listener)?;
     conn.set_timeouts(IO_TIMEOUT)
         .map_err(MigrateError::Stream)?;
@@ -114,10 +127,12 @@ fn receive(vm: &VmHandle, listener: &Listener, resume: bool) -> Result<(u64, Con
     }
     protocol::write_message(&mut conn, &Message::Ready)?;
     protocol::expect(&mut conn, Command::Go)?;
-    if resume {
-        vm.resume()?;
+    let go = Instant::now();
+    if !resume {
+        return Ok((pages, conn, None));
     }
-    Ok((pages, conn))
+    vm.resume()?;
+    Ok((pages, conn, Some(go.elapsed())))
 }
 
 /// The part of a receive that needs no KVM (what the fuzz target runs):
