@@ -12,7 +12,7 @@
 //! handled, outside `KVM_RUN`). Paused, it blocks on its channel and serves
 //! `SaveState` / `RestoreState` there, so the state of several vCPUs is read
 //! or written in parallel, each on its own thread. A throttled vCPU sleeps
-//! its share of every window on the same channel (an event wakes it).
+//! after each running slice on the same channel (an event wakes it).
 //! A vCPU thread never blocks on anything but `KVM_RUN`, its channel and
 //! the lock of the device it is accessing.
 
@@ -35,8 +35,12 @@ use crate::vcpu_state::{self, VcpuStateError};
 
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;
-/// The throttle's window: a vCPU throttled by P% sleeps P% of each.
-pub const THROTTLE_WINDOW: Duration = Duration::from_millis(50);
+/// The throttle's running slice: a vCPU throttled by P% runs this long,
+/// then sleeps P/(100-P) of it, so that it runs (100-P)% of the time
+/// (QEMU's shape and slice). The guest's pauses grow with P: 2.5 ms at
+/// 20%, 10 ms at 50%, 90 ms at 90%, 990 ms at 99%; its slices never
+/// shrink below 10 ms (a fixed 50 ms window left it 0.5 ms at 99%).
+pub const THROTTLE_SLICE: Duration = Duration::from_millis(10);
 /// The highest throttle (a vCPU always runs a little).
 pub const MAX_THROTTLE: u8 = 99;
 
@@ -50,7 +54,7 @@ pub enum VcpuEvent {
     SaveState(Arc<Vec<u32>>),
     /// Write a whole state; paused only.
     RestoreState(Box<KvmVcpuState>),
-    /// Sleep this percentage of each [`THROTTLE_WINDOW`] (0: not at all).
+    /// Run only (100 - this)% of the time, in [`THROTTLE_SLICE`]s (0: off).
     Throttle(u8),
     /// End the thread (the VM is ending).
     Finish,
@@ -152,7 +156,7 @@ struct VcpuThread<'a> {
     inbox: &'a Inbox,
     paused: bool,
     throttle: u8,
-    /// When the running part of the current throttle window began.
+    /// When the current throttle slice began to run.
     window: Instant,
 }
 
@@ -204,7 +208,7 @@ impl<'a> VcpuThread<'a> {
     }
 
     /// At a clean point: serves every event waiting, blocks while paused,
-    /// and sleeps the throttle's share of the window.
+    /// and sleeps when the throttle's running slice is used up.
     fn clean_point(&mut self, v: &mut Vcpu) -> Next {
         loop {
             let ev = if self.paused {
@@ -234,14 +238,13 @@ impl<'a> VcpuThread<'a> {
         }
     }
 
-    /// How long to sleep now, if the throttle's running share is used up.
+    /// How long to sleep now, if the throttle's running slice is used up.
     fn throttle_sleep(&self) -> Option<Duration> {
         if self.throttle == 0 {
             return None;
         }
-        let p = u32::from(self.throttle);
-        let run = THROTTLE_WINDOW * (100 - p) / 100;
-        (self.window.elapsed() >= run).then_some(THROTTLE_WINDOW * p / 100)
+        let p = u32::from(self.throttle.min(MAX_THROTTLE));
+        (self.window.elapsed() >= THROTTLE_SLICE).then(|| THROTTLE_SLICE * p / (100 - p))
     }
 
     /// The thread's body: `None` when it was told to finish.
@@ -423,15 +426,14 @@ mod tests {
         t.paused = false;
         assert_eq!(t.throttle_sleep(), None, "not throttled");
         t.throttle = 50;
-        t.window = Instant::now() - THROTTLE_WINDOW;
-        assert_eq!(t.throttle_sleep(), Some(THROTTLE_WINDOW / 2));
+        t.window = Instant::now() - THROTTLE_SLICE;
+        assert_eq!(t.throttle_sleep(), Some(THROTTLE_SLICE));
         t.window = Instant::now();
-        assert_eq!(t.throttle_sleep(), None, "still in the running share");
+        assert_eq!(t.throttle_sleep(), None, "still in the running slice");
+        t.throttle = 75;
+        t.window = Instant::now() - THROTTLE_SLICE;
+        assert_eq!(t.throttle_sleep(), Some(THROTTLE_SLICE * 3));
         t.throttle = MAX_THROTTLE;
-        t.window = Instant::now() - THROTTLE_WINDOW;
-        assert_eq!(
-            t.throttle_sleep(),
-            Some(THROTTLE_WINDOW * u32::from(MAX_THROTTLE) / 100)
-        );
+        assert_eq!(t.throttle_sleep(), Some(THROTTLE_SLICE * 99));
     }
 }

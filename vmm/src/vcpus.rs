@@ -7,8 +7,7 @@
 //! A throttled vCPU sleeps at its clean points, which a guest that computes
 //! without exits never reaches: while a throttle is set, the kicker thread
 //! (owned here, ended by [`Vcpus::finish`]) kicks every vCPU every
-//! [`KICK_PERIOD`], so each runs at most its share of a window plus one
-//! period.
+//! [`KICK_PERIOD`], so each runs at most its slice plus one period.
 //!
 //! Used from the VMM thread (the control API; later the migration and COLO
 //! threads, through the same lock). Never blocks a vCPU: a vCPU only ever
@@ -23,7 +22,7 @@ use std::time::Duration;
 use migration::kvm::KvmVcpuState;
 
 use crate::pause::ThreadKick;
-use crate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply, THROTTLE_WINDOW};
+use crate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply};
 
 /// How long a vCPU may take to stop, resume or hand over its state.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,7 +52,8 @@ impl Kicker {
             .spawn(move || {
                 while !s.load(Ordering::SeqCst) {
                     if p.load(Ordering::SeqCst) == 0 {
-                        std::thread::park_timeout(THROTTLE_WINDOW);
+                        // Unparked when a throttle is set, or to end.
+                        std::thread::park();
                         continue;
                     }
                     for k in &kicks {
@@ -186,7 +186,8 @@ impl Vcpus {
         .map(|_| ())
     }
 
-    /// Makes every vCPU sleep `percent` of each throttle window (0: off).
+    /// Makes every vCPU run only (100 - `percent`)% of the time (0: off;
+    /// see [`crate::vcpu::THROTTLE_SLICE`]).
     pub fn throttle(&mut self, percent: u8) -> Result<(), VcpuError> {
         for h in &self.handles {
             h.send(VcpuEvent::Throttle(percent))?;

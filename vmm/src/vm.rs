@@ -478,7 +478,8 @@ impl VmHandle {
         Ok(())
     }
 
-    /// Makes every vCPU sleep `percent` of each throttle window (0: off).
+    /// Makes every vCPU run only (100 - `percent`)% of the time (0: off;
+    /// see [`crate::vcpu::THROTTLE_SLICE`]).
     pub fn throttle(&self, percent: u8) -> Result<(), VmOpError> {
         Ok(lock(&self.0.vcpus).throttle(percent)?)
     }

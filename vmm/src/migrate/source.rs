@@ -335,9 +335,9 @@ impl<'a> Run<'a> {
     ///
     /// At each look (a harvest of the dirty log) the window since the last
     /// look gives the guest's dirty rate and what was sent meanwhile; from
-    /// the second look on, auto-converge takes one throttle step when the
-    /// guest dirtied more than half of what was sent in that window (see
-    /// [`next_throttle`]).
+    /// the second look on, auto-converge takes a throttle step (one per
+    /// whole second of the window) when the guest dirtied more than half of
+    /// what was sent in that window (see [`next_throttle`]).
     fn precopy(
         &mut self,
         conn: &mut Conn,
@@ -376,7 +376,7 @@ impl<'a> Run<'a> {
             if within {
                 shrink_rounds += 1;
             } else if round > 1 {
-                self.converge(dirty_rate, sent_rate)?;
+                self.converge(dirty_rate, sent_rate, window)?;
             }
             last_set = Some(bytes);
             let progress = progress_to(self.status);
@@ -387,12 +387,17 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Auto-converge: one more throttle step when [`next_throttle`] says so.
-    fn converge(&mut self, dirty_rate: f64, sent_rate: f64) -> Result<(), MigrateError> {
+    /// Auto-converge: throttle steps when [`next_throttle`] says so.
+    fn converge(
+        &mut self,
+        dirty_rate: f64,
+        sent_rate: f64,
+        window_s: f64,
+    ) -> Result<(), MigrateError> {
         if !self.params.auto_converge {
             return Ok(());
         }
-        let Some(t) = next_throttle(self.throttle, dirty_rate, sent_rate) else {
+        let Some(t) = next_throttle(self.throttle, dirty_rate, sent_rate, window_s) else {
             return Ok(());
         };
         self.throttle = t;
@@ -510,18 +515,30 @@ impl<'a> Run<'a> {
     }
 }
 
-/// The throttle after a look at which the guest dirtied `dirty_rate`
-/// bytes/s while `sent_rate` bytes/s went out: one step up (QEMU's
-/// defaults: 20 %, then +10 %, at most 99 %) when dirtying outpaces half
-/// of sending, else `None` (the throttle stays).
-fn next_throttle(current: u8, dirty_rate: f64, sent_rate: f64) -> Option<u8> {
+/// The throttle after a look at which, over the `window_s` seconds since
+/// the last look, the guest dirtied `dirty_rate` bytes/s while `sent_rate`
+/// bytes/s went out: when dirtying outpaced half of sending, one step up
+/// (QEMU's defaults: 20 %, then +10 %, at most 99 %) for each whole second
+/// of the window (at least one), else `None` (the throttle stays).
+///
+/// QEMU steps once per pass over memory. On a slow link a pass takes many
+/// seconds, and a guest that outpaced it for all of them would otherwise
+/// reach a throttle that can converge only after many such passes (512 MiB
+/// dirtying at 16 MiB/s: 70 % after 120 s, not converged).
+fn next_throttle(current: u8, dirty_rate: f64, sent_rate: f64, window_s: f64) -> Option<u8> {
     if dirty_rate <= sent_rate * 0.5 || current >= THROTTLE_MAX {
         return None;
     }
-    Some(match current {
-        0 => THROTTLE_FIRST,
-        t => t.saturating_add(THROTTLE_STEP).min(THROTTLE_MAX),
-    })
+    // At most as many steps as it takes from none to the ceiling.
+    let steps = window_s.floor().clamp(1.0, 10.0) as u8;
+    let mut t = current;
+    for _ in 0..steps {
+        t = match t {
+            0 => THROTTLE_FIRST,
+            t => t.saturating_add(THROTTLE_STEP).min(THROTTLE_MAX),
+        };
+    }
+    Some(t)
 }
 
 /// Whether the pre-copy ends now, at a look that found `bytes` dirty
@@ -600,15 +617,27 @@ mod tests {
     #[test]
     fn the_throttle_steps_only_when_dirtying_outpaces_half_the_sending() {
         // 52 MiB/s dirtied while 128 MiB/s went out: more than half? no.
-        assert_eq!(next_throttle(0, 52.0 * MIB, 128.0 * MIB), None);
-        assert_eq!(next_throttle(0, 64.0 * MIB, 128.0 * MIB), None);
-        assert_eq!(next_throttle(0, 65.0 * MIB, 128.0 * MIB), Some(20));
-        assert_eq!(next_throttle(20, 200.0 * MIB, 128.0 * MIB), Some(30));
-        assert_eq!(next_throttle(90, 200.0 * MIB, 128.0 * MIB), Some(99));
-        assert_eq!(next_throttle(99, 200.0 * MIB, 128.0 * MIB), None);
+        assert_eq!(next_throttle(0, 52.0 * MIB, 128.0 * MIB, 0.5), None);
+        assert_eq!(next_throttle(0, 64.0 * MIB, 128.0 * MIB, 0.5), None);
+        assert_eq!(next_throttle(0, 65.0 * MIB, 128.0 * MIB, 0.5), Some(20));
+        assert_eq!(next_throttle(20, 200.0 * MIB, 128.0 * MIB, 0.5), Some(30));
+        assert_eq!(next_throttle(90, 200.0 * MIB, 128.0 * MIB, 0.5), Some(99));
+        assert_eq!(next_throttle(99, 200.0 * MIB, 128.0 * MIB, 0.5), None);
         // Nothing went out in the window (a stalled stream): any dirtying
         // outpaces it.
-        assert_eq!(next_throttle(0, 1.0, 0.0), Some(20));
-        assert_eq!(next_throttle(0, 0.0, 0.0), None);
+        assert_eq!(next_throttle(0, 1.0, 0.0, 0.5), Some(20));
+        assert_eq!(next_throttle(0, 0.0, 0.0, 0.5), None);
+    }
+
+    #[test]
+    fn a_long_window_takes_a_step_per_second() {
+        // A look 1.9 s after the last: one step; 3.2 s: three.
+        assert_eq!(next_throttle(0, 16.0 * MIB, 16.0 * MIB, 1.9), Some(20));
+        assert_eq!(next_throttle(20, 16.0 * MIB, 16.0 * MIB, 3.2), Some(50));
+        // A 16 s pass on a slow link: to the ceiling, never past it.
+        assert_eq!(next_throttle(0, 16.0 * MIB, 16.0 * MIB, 16.0), Some(99));
+        assert_eq!(next_throttle(70, 16.0 * MIB, 16.0 * MIB, 60.0), Some(99));
+        // Not outpacing: no step however long the window.
+        assert_eq!(next_throttle(20, 4.0 * MIB, 16.0 * MIB, 16.0), None);
     }
 }
