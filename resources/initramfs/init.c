@@ -17,7 +17,7 @@
  *  4. prints "tandem-guest: ready";
  *  5. runs a login shell on the console (busybox cttyhack gives it the
  *     serial line as controlling terminal, so Ctrl-C works), again each
- *     time it exits, and reaps every orphan meanwhile;
+ *     time it exits, saying how it ended, and reaps every orphan meanwhile;
  *  6. powers off on SIGUSR2, halts on SIGUSR1 and reboots on SIGTERM (what
  *     busybox's poweroff, halt and reboot send to PID 1 without -f).
  *
@@ -185,6 +185,21 @@ static void end_system(void)
 	end_how = 0;
 }
 
+/*
+ * Says how the console shell ended, so that a shell that died (a signal)
+ * is told apart from one that was left (exit) on the console.
+ */
+static void shell_ended(int status)
+{
+	if (WIFSIGNALED(status))
+		printf("tandem-guest: the console shell was killed by signal %d (%s)\n",
+		       WTERMSIG(status), strsignal(WTERMSIG(status)));
+	else
+		printf("tandem-guest: the console shell exited with status %d\n",
+		       WEXITSTATUS(status));
+	fflush(stdout);
+}
+
 /* Step 5: the console shell, respawned; orphans reaped. */
 static void console_loop(void)
 {
@@ -204,9 +219,12 @@ static void console_loop(void)
 		for (;;) {
 			if (end_how)
 				end_system();
-			pid_t pid = waitpid(-1, NULL, 0);
-			if (pid == shell)
+			int status = 0;
+			pid_t pid = waitpid(-1, &status, 0);
+			if (pid == shell) {
+				shell_ended(status);
 				break;
+			}
 			if (pid < 0 && errno == ECHILD)
 				break;
 		}
