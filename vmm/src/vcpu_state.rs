@@ -113,8 +113,17 @@ pub fn complete_pending_exit(fd: &mut VcpuFd) {
 
 /// Reads the whole state of a vCPU that is outside `KVM_RUN`.
 pub fn capture(fd: &VcpuFd, msr_indices: &[u32]) -> Result<KvmVcpuState, VcpuStateError> {
+    // First, as QEMU does: reading the events delivers a pending
+    // exception's payload (a #PF's CR2, a #DB's DR6) into the registers
+    // read next, because this VM does not enable KVM_CAP_EXCEPTION_PAYLOAD.
+    // Read after them, the state would pair the pending #PF with the CR2
+    // of the fault before it, and the guest would handle the wrong address.
+    let events = fd.get_vcpu_events().map_err(kvm_op("read vCPU events"))?;
+    // Then mp_state, which may take a pending INIT or SIPI into the
+    // registers.
+    let mp_state = fd.get_mp_state().map_err(kvm_op("read mp_state"))?;
     Ok(KvmVcpuState {
-        mp_state: fd.get_mp_state().map_err(kvm_op("read mp_state"))?,
+        mp_state,
         regs: fd.get_regs().map_err(kvm_op("read registers"))?,
         sregs: fd.get_sregs().map_err(kvm_op("read special registers"))?,
         fpu: fd.get_fpu().map_err(kvm_op("read the FPU"))?,
@@ -125,7 +134,7 @@ pub fn capture(fd: &VcpuFd, msr_indices: &[u32]) -> Result<KvmVcpuState, VcpuSta
             .map_err(kvm_op("read debug registers"))?,
         lapic: fd.get_lapic().map_err(kvm_op("read the LAPIC"))?,
         msrs: read_msrs(fd, msr_indices)?,
-        events: fd.get_vcpu_events().map_err(kvm_op("read vCPU events"))?,
+        events,
         cpuid: fd
             .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_op("read CPUID"))?
