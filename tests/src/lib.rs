@@ -37,6 +37,9 @@ pub const BOOT_TIMEOUT: Duration = budget(Duration::from_secs(120));
 /// Budget of one console command on the default guest (most take well
 /// under a second; the slowest, a few hundred execs, about 60 s).
 pub const CMD_TIMEOUT: Duration = budget(Duration::from_secs(60));
+/// How long a failed wait gives the guest's shell to show its kernel log
+/// and processes (see `TestVm::last_look`).
+const LAST_LOOK: Duration = Duration::from_secs(30);
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -296,12 +299,51 @@ impl TestVm {
                 } else {
                     "timed out"
                 };
+                let closed = o.closed;
                 drop(o);
+                let waited = start.elapsed().as_secs_f64();
+                let last_look = if closed {
+                    String::new()
+                } else {
+                    self.last_look()
+                };
                 panic!(
-                    "{why} after {:.0} s (limit {} s) waiting for {pat:?}; {}",
-                    start.elapsed().as_secs_f64(),
+                    "{why} after {waited:.0} s (limit {} s) waiting for {pat:?}; {}{last_look}",
                     timeout.as_secs(),
                     self.where_is_the_guest()
+                );
+            }
+            o = cv.wait_timeout(o, deadline - now).unwrap().0;
+        }
+    }
+
+    /// For a failure message, after a wait timed out: what the guest's
+    /// kernel logged last and which processes run, if a shell still
+    /// answers on the console within [`LAST_LOOK`] (a guest whose shell
+    /// was respawned does; its kernel log is off the console, `dmesg -n 1`).
+    fn last_look(&mut self) -> String {
+        if self.stdin.is_none() {
+            return String::new();
+        }
+        let from = self.stdout.0.lock().unwrap().bytes.len();
+        // The marker is computed by the shell: an echoed command never matches.
+        self.send("\ndmesg | tail -n 40; ps; echo \"@@look$((6*7))@@\"\n");
+        let deadline = Instant::now() + LAST_LOOK;
+        let (m, cv) = &*self.stdout;
+        let mut o = m.lock().unwrap();
+        loop {
+            let text = String::from_utf8_lossy(&o.bytes[from..]).replace('\r', "");
+            if let Some(at) = text.find("@@look42@@") {
+                return format!(
+                    "\n--- the guest's last look (dmesg, ps) ---\n{}",
+                    &text[..at]
+                );
+            }
+            let now = Instant::now();
+            if o.closed || now >= deadline {
+                return format!(
+                    "\n--- no shell answered in {} s after the timeout ---",
+                    LAST_LOOK.as_secs()
                 );
             }
             o = cv.wait_timeout(o, deadline - now).unwrap().0;
