@@ -227,11 +227,21 @@ const ANNOUNCE: [Duration; 3] = [
 
 /// Each NIC announces the guest's MAC from here, so that a bridge or a
 /// switch learns its new port before the guest next talks.
+/// A NIC whose tap is down (the kernel refuses writes to it with EIO) is
+/// said once, not warned about each round: nothing behind it can learn.
 pub(crate) fn announce(vm: &VmHandle) {
+    let mut down: std::collections::HashSet<String> = std::collections::HashSet::new();
     for delay in ANNOUNCE {
         std::thread::sleep(delay);
         for slot in vm.virtio().iter() {
+            if down.contains(slot.id()) {
+                continue;
+            }
             match slot.announce() {
+                Some(Err(e)) if e.raw_os_error() == Some(libc::EIO) => {
+                    log::info!("{}: no self-announce: its tap is down", slot.id());
+                    down.insert(slot.id().to_string());
+                }
                 Some(Err(e)) => log::warn!("{}: self-announce not sent: {e}", slot.id()),
                 Some(Ok(_)) => log::debug!("{}: self-announce sent", slot.id()),
                 None => {}
