@@ -120,11 +120,20 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
     let announce = dm.announcement();
     let (devices, subscribers) = dm.finish();
-    let entry = match start {
-        Start::Boot => Some(load_kernel(cfg, host, &announce, ram.mem())?),
+    let firmware = match (&start, &cfg.firmware) {
+        (Start::Boot, Some(path)) => Some(Arc::new(boot::firmware::load(&fd, path)?)),
         _ => None,
     };
-    let (vcpus, profiler, exits) = spawn_vcpus(&kvm, &fd, cfg, host, entry, &devices, &exit)?;
+    // A firmware boot leaves the boot vCPU at the reset vector.
+    let entry = match start {
+        Start::Boot if firmware.is_none() => Some(load_kernel(cfg, host, &announce, ram.mem())?),
+        _ => None,
+    };
+    let boot = BootVcpu {
+        entry,
+        rom: firmware.clone(),
+    };
+    let (vcpus, profiler, exits) = spawn_vcpus(&kvm, &fd, cfg, host, boot, &devices, &exit)?;
     let device_thread = DeviceThread::spawn(subscribers)?;
     device_thread.pause().map_err(VmError::DevicePause)?;
     // Bound before the guest starts, so a bad path is a start-up error.
@@ -144,6 +153,7 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         msr_indices,
         manifest,
         transport: cfg.transport.clone(),
+        firmware,
     })));
     let vm = Vm {
         handle,
@@ -203,14 +213,21 @@ fn load_kernel(
     Ok(info.entry)
 }
 
+/// Where the vCPUs start: the kernel's entry point (a kernel boot), or
+/// KVM's reset state with the firmware image to read instructions from.
+struct BootVcpu {
+    entry: Option<u64>,
+    rom: Option<Arc<boot::firmware::Firmware>>,
+}
+
 /// Creates and sets up every vCPU (CPUID, MSRs, LAPIC; the boot vCPU at
-/// `entry` on a boot) and starts its thread, stopped.
+/// `boot.entry` on a kernel boot) and starts its thread, stopped.
 fn spawn_vcpus(
     kvm: &Kvm,
     vm: &VmFd,
     cfg: &VmConfig,
     host: HostKind,
-    entry: Option<u64>,
+    boot: BootVcpu,
     devices: &Devices,
     exit: &Arc<ExitSignal>,
 ) -> Result<(Vcpus, Arc<Profiler>, Arc<ExitCounts>), VmError> {
@@ -227,7 +244,7 @@ fn spawn_vcpus(
         fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, id, cfg.cpus, host))
             .map_err(kvm_op("set CPUID"))?;
         cpu::setup_msrs(&fd)?;
-        if let (0, Some(entry)) = (id, entry) {
+        if let (0, Some(entry)) = (id, boot.entry) {
             cpu::setup_boot_vcpu(&fd, &devices.mem, entry)?;
         }
         cpu::setup_lapic(&fd)?;
@@ -237,6 +254,7 @@ fn spawn_vcpus(
             pio: devices.pio.clone(),
             mmio: devices.mmio.clone(),
             mem: devices.mem.clone(),
+            rom: boot.rom.clone(),
             exit: exit.clone(),
             kick,
             profiler: profiler.clone(),

@@ -437,6 +437,9 @@ pub enum Machine {
 /// A VM to run.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
+    /// `--firmware`: boot this image from the reset vector instead of
+    /// loading `kernel` (which is then unused).
+    pub firmware: Option<PathBuf>,
     pub kernel: PathBuf,
     pub initrd: Option<PathBuf>,
     /// The command line as the user gave it (or the default); host-required

@@ -9,15 +9,21 @@
 //! | `CC`    | INT3        | RIP += 1, inject #BP (a trap: the frame points past it) |
 //! | `0F 0B` | UD2         | inject #UD at RIP (BUG()/WARN() use it)           |
 //! | `9B`    | FWAIT       | RIP += 1 (no x87 exception can be pending)        |
+//! | `D9 /5`, `D9 /7`, `0F AE /2`, `0F AE /3` | FLDCW, FNSTCW, LDMXCSR, STMXCSR | the control register moved through `KVM_GET/SET_FPU` (`emulation_fpu`), RIP past it |
 //!
 //! Anything else is fatal: the caller stops the VM with the registers and the
 //! instruction bytes in the message, never loops on it. On hosts with VT-x or
-//! AMD-V these exits do not happen, so nothing here runs there.
+//! AMD-V these exits do not happen, so nothing here runs there. The same
+//! completions serve firmware code (`--firmware`), whose bytes and operands
+//! are read from the firmware image.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use devices::GuestMemoryMmap;
+
+use crate::boot::firmware::Firmware;
+use crate::emulation_fpu::{self, FpuInsn, FpuOp};
 use kvm_bindings::{kvm_regs, kvm_sregs, KVM_INTERNAL_ERROR_EMULATION};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
@@ -33,14 +39,20 @@ pub static COMPLETED_INT3: AtomicU64 = AtomicU64::new(0);
 pub static COMPLETED_UD2: AtomicU64 = AtomicU64::new(0);
 /// FWAIT completions.
 pub static COMPLETED_FWAIT: AtomicU64 = AtomicU64::new(0);
+/// FLDCW / FNSTCW / LDMXCSR / STMXCSR completions.
+pub static COMPLETED_FPU: AtomicU64 = AtomicU64::new(0);
+const EFER_LMA: u64 = 1 << 10;
+/// MXCSR bits software may set (the rest raise #GP; kept clear here).
+const MXCSR_WRITABLE: u32 = 0xffff;
 
 /// A one-line summary of the completions so far, for the log.
 pub fn summary() -> String {
     format!(
-        "instructions completed for the emulator: INT3 {}, UD2 {}, FWAIT {}",
+        "instructions completed for the emulator: INT3 {}, UD2 {}, FWAIT {}, FPU control {}",
         COMPLETED_INT3.load(Ordering::Relaxed),
         COMPLETED_UD2.load(Ordering::Relaxed),
-        COMPLETED_FWAIT.load(Ordering::Relaxed)
+        COMPLETED_FWAIT.load(Ordering::Relaxed),
+        COMPLETED_FPU.load(Ordering::Relaxed)
     )
 }
 
@@ -50,6 +62,7 @@ pub fn counts() -> serde_json::Value {
         "int3": COMPLETED_INT3.load(Ordering::Relaxed),
         "ud2": COMPLETED_UD2.load(Ordering::Relaxed),
         "fwait": COMPLETED_FWAIT.load(Ordering::Relaxed),
+        "fpu_control": COMPLETED_FPU.load(Ordering::Relaxed),
     })
 }
 
@@ -69,6 +82,8 @@ pub enum EmulationError {
 pub enum Completion {
     /// Advance RIP by this many bytes and inject this exception vector, if any.
     Complete { advance: u64, inject: Option<u8> },
+    /// Move an FPU control register from or to memory (`emulation_fpu`).
+    Fpu(FpuInsn),
     /// Not an instruction we complete.
     Unsupported,
 }
@@ -88,7 +103,10 @@ pub fn decide(insn: &[u8]) -> Completion {
             advance: 1,
             inject: None,
         },
-        _ => Completion::Unsupported,
+        _ => match emulation_fpu::decode(insn) {
+            Some(f) => Completion::Fpu(f),
+            None => Completion::Unsupported,
+        },
     }
 }
 
@@ -97,13 +115,14 @@ pub fn decide(insn: &[u8]) -> Completion {
 pub fn handle_internal_error(
     vcpu: &mut VcpuFd,
     mem: &GuestMemoryMmap,
+    rom: Option<&Firmware>,
 ) -> Result<(), EmulationError> {
     // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so the kernel filled
     // the `internal` member of the union; we only read plain integers.
     let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
     let mut regs = vcpu.get_regs()?;
     let sregs = vcpu.get_sregs()?;
-    let insn = read_insn(vcpu, mem, &sregs, regs.rip);
+    let insn = read_insn(vcpu, mem, rom, &sregs, regs.rip);
     if suberror != KVM_INTERNAL_ERROR_EMULATION {
         return Err(EmulationError::NotEmulation {
             suberror,
@@ -131,18 +150,115 @@ pub fn handle_internal_error(
             counter.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
+        Completion::Fpu(f) => {
+            if !complete_fpu(vcpu, mem, rom, &regs, &sregs, &f)? {
+                return Err(EmulationError::Unsupported {
+                    state: describe(&regs, &sregs, &insn),
+                });
+            }
+            regs.rip = regs.rip.wrapping_add(f.len);
+            vcpu.set_regs(&regs)?;
+            COMPLETED_FPU.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
         Completion::Unsupported => Err(EmulationError::Unsupported {
             state: describe(&regs, &sregs, &insn),
         }),
     }
 }
 
-/// Reads up to 15 bytes at the guest's RIP, page by page through the guest's
-/// own page tables (`KVM_TRANSLATE`). Returns what could be read.
-fn read_insn(vcpu: &VcpuFd, mem: &GuestMemoryMmap, sregs: &kvm_sregs, rip: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(MAX_INSN_LEN);
-    let mut linear = sregs.cs.base.wrapping_add(rip);
-    while out.len() < MAX_INSN_LEN {
+/// Moves the FPU control register of `f` from or to its memory operand;
+/// false if the operand cannot be read (or, for a store, written: only
+/// RAM takes stores).
+fn complete_fpu(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    rom: Option<&Firmware>,
+    regs: &kvm_regs,
+    sregs: &kvm_sregs,
+    f: &FpuInsn,
+) -> Result<bool, EmulationError> {
+    // 64-bit code: EFER.LMA and CS.L.
+    let long = sregs.efer & EFER_LMA != 0 && sregs.cs.l != 0;
+    let linear = emulation_fpu::address(f, regs, sregs, long);
+    let width = f.op.width();
+    let mut fpu = vcpu.get_fpu()?;
+    let mut value = [0u8; 4];
+    match f.op {
+        FpuOp::LoadFcw | FpuOp::LoadMxcsr => {
+            if read_guest(vcpu, mem, rom, linear, &mut value[..width]) < width {
+                return Ok(false);
+            }
+            if f.op == FpuOp::LoadFcw {
+                fpu.fcw = u16::from_le_bytes([value[0], value[1]]);
+            } else {
+                fpu.mxcsr = u32::from_le_bytes(value) & MXCSR_WRITABLE;
+            }
+            vcpu.set_fpu(&fpu)?;
+        }
+        FpuOp::StoreFcw | FpuOp::StoreMxcsr => {
+            value = if f.op == FpuOp::StoreFcw {
+                u32::from(fpu.fcw).to_le_bytes()
+            } else {
+                fpu.mxcsr.to_le_bytes()
+            };
+            if !write_guest(vcpu, mem, linear, &value[..width]) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Writes `bytes` at guest linear address `linear` into RAM, page by page
+/// through the guest's page tables; false if any part is not RAM.
+fn write_guest(vcpu: &VcpuFd, mem: &GuestMemoryMmap, mut linear: u64, bytes: &[u8]) -> bool {
+    let mut done = 0;
+    while done < bytes.len() {
+        let Ok(t) = vcpu.translate_gva(linear) else {
+            return false;
+        };
+        if t.valid == 0 || t.writeable == 0 {
+            return false;
+        }
+        let in_page = (PAGE_SIZE - (linear & (PAGE_SIZE - 1))) as usize;
+        let n = in_page.min(bytes.len() - done);
+        let gpa = GuestAddress(t.physical_address);
+        if mem.write_slice(&bytes[done..done + n], gpa).is_err() {
+            return false;
+        }
+        done += n;
+        linear = linear.wrapping_add(n as u64);
+    }
+    true
+}
+
+/// Reads up to 15 bytes at the guest's RIP (see [`read_guest`]).
+fn read_insn(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    rom: Option<&Firmware>,
+    sregs: &kvm_sregs,
+    rip: u64,
+) -> Vec<u8> {
+    let mut out = vec![0u8; MAX_INSN_LEN];
+    let n = read_guest(vcpu, mem, rom, sregs.cs.base.wrapping_add(rip), &mut out);
+    out.truncate(n);
+    out
+}
+
+/// Reads `buf.len()` bytes at guest linear address `linear`, page by page
+/// through the guest's own page tables (`KVM_TRANSLATE`), from RAM or the
+/// firmware image. Returns how many bytes could be read.
+fn read_guest(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    rom: Option<&Firmware>,
+    mut linear: u64,
+    buf: &mut [u8],
+) -> usize {
+    let mut done = 0;
+    while done < buf.len() {
         let Ok(t) = vcpu.translate_gva(linear) else {
             break;
         };
@@ -150,18 +266,17 @@ fn read_insn(vcpu: &VcpuFd, mem: &GuestMemoryMmap, sregs: &kvm_sregs, rip: u64) 
             break;
         }
         let in_page = (PAGE_SIZE - (linear & (PAGE_SIZE - 1))) as usize;
-        let n = in_page.min(MAX_INSN_LEN - out.len());
-        let mut buf = vec![0u8; n];
-        if mem
-            .read_slice(&mut buf, GuestAddress(t.physical_address))
-            .is_err()
-        {
+        let n = in_page.min(buf.len() - done);
+        let chunk = &mut buf[done..done + n];
+        let gpa = t.physical_address;
+        let in_ram = mem.read_slice(chunk, GuestAddress(gpa)).is_ok();
+        if !in_ram && !rom.is_some_and(|r| r.read(gpa, chunk)) {
             break;
         }
-        out.extend_from_slice(&buf);
+        done += n;
         linear = linear.wrapping_add(n as u64);
     }
-    out
+    done
 }
 
 /// A one-paragraph dump of the vCPU for a fatal error.
@@ -234,6 +349,12 @@ mod tests {
                 inject: None
             }
         );
+        // The FPU control moves (forms in emulation_fpu's tests).
+        assert!(matches!(
+            decide(&[0x0f, 0xae, 0x59, 0x50]),
+            Completion::Fpu(_)
+        ));
+        assert_eq!(decide(&[0x0f, 0xae, 0x14, 0x24]), Completion::Unsupported);
         assert_eq!(decide(&[0x0f]), Completion::Unsupported);
         assert_eq!(decide(&[]), Completion::Unsupported);
         assert_eq!(decide(&[0xf3, 0x0f, 0xb8, 0xc0]), Completion::Unsupported);

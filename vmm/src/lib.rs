@@ -27,6 +27,7 @@ pub mod cpuid;
 pub mod device_manager;
 pub mod device_thread;
 pub mod emulation;
+pub mod emulation_fpu;
 pub mod exit;
 pub mod exit_counts;
 pub mod host;

@@ -435,6 +435,7 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     let cfg = VmConfig {
+        firmware: None,
         kernel: PathBuf::new(),
         initrd: None,
         cmdline: String::new(),
@@ -486,14 +487,16 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
         Ok(m) => m,
         Err(code) => return code,
     };
-    let (kernel, initrd) = match args.kernel.clone() {
-        Some(k) => (k, args.initrd.clone()),
-        None => match config::default_guest() {
+    let (kernel, initrd) = match (&args.firmware, args.kernel.clone()) {
+        (Some(_), _) => (PathBuf::new(), None),
+        (None, Some(k)) => (k, args.initrd.clone()),
+        (None, None) => match config::default_guest() {
             Ok((k, i)) => (k, Some(args.initrd.clone().unwrap_or(i))),
             Err(e) => return fail(e),
         },
     };
-    let profile = match args.profile(Some(&kernel)) {
+    let symbols_from = args.firmware.is_none().then_some(kernel.as_path());
+    let profile = match args.profile(symbols_from) {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
@@ -502,6 +505,7 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
         Err(e) => return fail(e),
     };
     let cfg = VmConfig {
+        firmware: args.firmware.clone(),
         kernel,
         initrd,
         cmdline,
@@ -544,6 +548,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         Err(_) => return fail(format!("{}: bad vCPU count", path.display())),
     };
     let cfg = VmConfig {
+        firmware: None,
         kernel: PathBuf::new(),
         initrd: None,
         cmdline: String::new(),

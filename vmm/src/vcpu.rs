@@ -97,6 +97,9 @@ pub struct Vcpu {
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
     pub mem: GuestMemoryMmap,
+    /// The firmware image (`--firmware`), read-only guest memory outside
+    /// `mem`, where instructions may have to be read too.
+    pub rom: Option<Arc<crate::boot::firmware::Firmware>>,
     pub exit: Arc<ExitSignal>,
     pub profiler: Arc<Profiler>,
     pub exits: Arc<ExitCounts>,
@@ -312,7 +315,7 @@ impl Vcpu {
             }
             Ok(VcpuExit::InternalError) => {
                 exits.count(Kind::InternalError);
-                if let Err(e) = emulation::handle_internal_error(&mut self.fd, &self.mem) {
+                if let Err(e) = emulation::handle_internal_error(&mut self.fd, &self.mem, self.rom.as_deref()) {
                     return Some(VmExit::Fatal(format!("vCPU {}: {e}", self.id)));
                 }
             }

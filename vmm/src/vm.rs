@@ -81,6 +81,11 @@ pub enum VmOpError {
     Migrating,
     #[error("the VM holds no guest yet: it waits for an incoming migration")]
     Empty,
+    #[error(
+        "this VM booted from --firmware {0}: its state cannot be saved or moved yet \
+         (the firmware's flash is not part of it)"
+    )]
+    Firmware(std::path::PathBuf),
 }
 
 /// Whether the VM is paused, and what its pause saved.
@@ -115,6 +120,8 @@ pub(crate) struct Core {
     colo: Mutex<Option<Arc<crate::colo::Side>>>,
     /// How its migration and COLO streams cross the network.
     transport: crate::migrate::Transport,
+    /// The firmware image it booted from (`--firmware`), mapped while it runs.
+    firmware: Option<Arc<crate::boot::firmware::Firmware>>,
 }
 
 impl Core {
@@ -139,6 +146,7 @@ impl Core {
             }),
             colo: Mutex::new(None),
             transport: parts.transport,
+            firmware: parts.firmware,
         }
     }
 }
@@ -156,6 +164,7 @@ pub(crate) struct CoreParts {
     pub msr_indices: Arc<Vec<u32>>,
     pub manifest: Manifest,
     pub transport: crate::migrate::Transport,
+    pub firmware: Option<Arc<crate::boot::firmware::Firmware>>,
 }
 
 /// A running VM as another thread drives it (cheap to clone).
@@ -256,9 +265,19 @@ impl VmHandle {
         Ok(())
     }
 
+    /// Whether this VM's state can be saved (a snapshot, a migration, a
+    /// COLO pair): not yet for one booted from `--firmware`.
+    pub fn savable(&self) -> Result<(), VmOpError> {
+        match &self.0.firmware {
+            Some(fw) => Err(VmOpError::Firmware(fw.path().to_path_buf())),
+            None => Ok(()),
+        }
+    }
+
     /// The whole state of the paused VM but its memory; the vCPUs hand
     /// theirs over in parallel.
     pub fn capture_state(&self) -> Result<VmState, VmOpError> {
+        self.savable()?;
         let p = lock(&self.0.pause);
         if p.since.is_none() {
             return Err(VmOpError::NotPaused);
@@ -385,6 +404,7 @@ impl VmHandle {
 
     /// Writes a snapshot to `path`, pausing a running VM for it.
     pub fn snapshot(&self, path: &Path) -> Result<SnapshotDone, VmOpError> {
+        self.savable()?;
         let start = Instant::now();
         let was_running = !self.is_paused();
         if was_running {

@@ -48,6 +48,8 @@ pub enum VmError {
     #[error(transparent)]
     Boot(#[from] boot::BootError),
     #[error(transparent)]
+    Firmware(#[from] boot::firmware::FirmwareError),
+    #[error(transparent)]
     Cpu(#[from] cpu::CpuError),
     #[error(transparent)]
     Cpuid(#[from] cpuid::CpuidError),

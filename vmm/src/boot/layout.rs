@@ -10,6 +10,8 @@
 //! 0xd000_0000  MMIO gap: devices, up to 4 GiB; RAM beyond continues at 4 GiB
 //! 0xe000_0000  PCI BARs (256 MiB, a PCI machine's)
 //! 0xf000_0000  ECAM of PCI bus 0 (1 MiB, a PCI machine's)
+//! 0xfec0_0000  IOAPIC            0xfee0_0000  local APIC
+//! 0xfeff_d000  KVM's TSS         0xff00_0000  firmware, up to 4 GiB (--firmware)
 //! ```
 
 pub const GDT_START: u64 = 0x500;
@@ -43,8 +45,10 @@ pub const PCI_ECAM_START: u64 = 0xf000_0000;
 /// Where the in-kernel IOAPIC and local APICs live.
 pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
 pub const APIC_ADDR: u32 = 0xfee0_0000;
-/// KVM's TSS (three pages) sits just below the BIOS area.
-pub const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
+/// KVM's TSS (three pages, used only to emulate real mode on hosts without
+/// unrestricted guests): QEMU's place, just below the 16 MiB a firmware
+/// image may take under 4 GiB (`boot::firmware`).
+pub const KVM_TSS_ADDRESS: usize = 0xfeff_d000;
 
 /// The guest RAM ranges for `mem_size` bytes: below the MMIO gap, then above 4 GiB.
 pub fn ram_ranges(mem_size: u64) -> Vec<(u64, u64)> {

@@ -5,6 +5,7 @@
 
 pub mod acpi;
 pub mod cpu;
+pub mod firmware;
 pub mod layout;
 pub mod mptable;
 

@@ -61,13 +61,17 @@ pub enum RunArgsError {
     },
     #[error(
         "--config {path}: '{key}' is for booting, and the file also gives 'restore' \
-         (with --restore on the command line, the file's kernel, initrd and cmdline are ignored)"
+         (with --restore on the command line, the file's firmware, kernel, initrd and cmdline are ignored)"
     )]
     RestoreAndBoot { path: PathBuf, key: &'static str },
     #[error("--{option} is for booting and cannot be used with 'restore' from --config {path}")]
     BootOptionWithFileRestore { path: PathBuf, option: &'static str },
     #[error("--guest-profile-hz needs --guest-profile")]
     HzWithoutProfile,
+    #[error("--firmware boots what the firmware loads: not with --{0}")]
+    FirmwareAndKernel(&'static str),
+    #[error("--firmware boots a new VM: not with --{0}")]
+    FirmwareAndStart(&'static str),
     #[error("--guest-symbols: {0}")]
     Symbols(#[source] SymbolsError),
     #[error("--tls-cert, --tls-key and --tls-ca go together, and not with --insecure")]
@@ -89,8 +93,8 @@ pub struct RunArgs {
     /// and sndbuf are a string ("512M") or a number (MiB for mem, bytes for
     /// sndbuf). An option given on the command line wins over the file's; a
     /// --net or --disk there replaces the file's whole list. With --restore
-    /// on the command line the file's kernel, initrd and cmdline are
-    /// ignored, so one file serves a boot and later restores. Relative paths
+    /// on the command line the file's firmware, kernel, initrd and
+    /// cmdline are ignored, so one file serves a boot and later restores. Relative paths
     /// are from the current directory. An unknown key is an error. Example
     /// in the README ("Config file").
     #[arg(long, value_name = "FILE")]
@@ -101,6 +105,18 @@ pub struct RunArgs {
     /// with target/guest/initramfs.cpio as initrd).
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
+    /// Boot from a firmware image instead of a kernel: a BIOS or UEFI image
+    /// (e.g. Debian's OVMF.fd from the ovmf package), whole 4 KiB pages, at
+    /// most 16 MiB. It is mapped read-only so that it ends at 4 GiB, and the
+    /// first vCPU starts at the reset vector (0xFFFFFFF0) in real mode, as
+    /// after a power-on. Not with --kernel, --initrd or --cmdline (the
+    /// firmware loads what it boots). The VM cannot be snapshotted,
+    /// migrated or paired for COLO yet. Here the firmware runs in KVM's
+    /// instruction emulator (README, "Firmware boot").
+    #[arg(long, value_name = "PATH",
+          conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore", "incoming", "colo"])]
+    #[serde(default)]
+    pub firmware: Option<PathBuf>,
     /// Initial ramdisk (uncompressed cpio boots fastest).
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
@@ -305,7 +321,34 @@ impl RunArgs {
         if merged.guest_profile_hz.is_some() && merged.guest_profile.is_none() {
             return Err(RunArgsError::HzWithoutProfile);
         }
+        merged.check_firmware()?;
         Ok(merged)
+    }
+
+    /// A firmware boot takes no kernel and starts a new VM (the command
+    /// line's conflicts are clap's; these also catch a `--config` file's).
+    pub(crate) fn check_firmware(&self) -> Result<(), RunArgsError> {
+        if self.firmware.is_none() {
+            return Ok(());
+        }
+        let kernel = [
+            ("kernel", self.kernel.is_some()),
+            ("initrd", self.initrd.is_some()),
+            ("cmdline", self.cmdline.is_some()),
+            ("print-cmdline", self.print_cmdline),
+        ];
+        if let Some(&(option, _)) = kernel.iter().find(|(_, given)| *given) {
+            return Err(RunArgsError::FirmwareAndKernel(option));
+        }
+        let start = [
+            ("restore", self.restore.is_some()),
+            ("incoming", self.incoming.is_some()),
+            ("colo", self.colo.is_some()),
+        ];
+        if let Some(&(option, _)) = start.iter().find(|(_, given)| *given) {
+            return Err(RunArgsError::FirmwareAndStart(option));
+        }
+        Ok(())
     }
 
     /// These options (the command line's) over `file`'s (read from `path`):
@@ -316,6 +359,7 @@ impl RunArgs {
         let file_boots = self.restore.is_none();
         if file_boots && file.restore.is_some() {
             let boot_keys = [
+                ("firmware", file.firmware.is_some()),
                 ("kernel", file.kernel.is_some()),
                 ("initrd", file.initrd.is_some()),
                 ("cmdline", file.cmdline.is_some()),
@@ -325,6 +369,7 @@ impl RunArgs {
                 return Err(RunArgsError::RestoreAndBoot { path, key });
             }
             let boot_options = [
+                ("firmware", self.firmware.is_some()),
                 ("kernel", self.kernel.is_some()),
                 ("initrd", self.initrd.is_some()),
                 ("cmdline", self.cmdline.is_some()),
@@ -349,6 +394,7 @@ impl RunArgs {
         }
         Ok(RunArgs {
             config: self.config,
+            firmware: or(self.firmware, file.firmware, file_boots),
             kernel: or(self.kernel, file.kernel, file_boots),
             initrd: or(self.initrd, file.initrd, file_boots),
             cmdline: or(self.cmdline, file.cmdline, file_boots),

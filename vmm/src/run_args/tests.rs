@@ -441,3 +441,48 @@ fn the_readme_examples() {
     assert!(t.nets[0].rsc);
     assert_eq!(t.disks[0].id.as_deref(), Some("data"));
 }
+
+#[test]
+fn firmware_takes_no_kernel_and_starts_a_new_vm() {
+    // From a file too, where clap's conflicts cannot see it.
+    let fw = toml("firmware = \"/usr/share/ovmf/OVMF.fd\"").unwrap();
+    assert_eq!(fw.firmware, Some(PathBuf::from("/usr/share/ovmf/OVMF.fd")));
+    let path = Path::new("vm.toml");
+    assert!(cli(&[])
+        .over(fw.clone(), path)
+        .unwrap()
+        .check_firmware()
+        .is_ok());
+    for (args, option) in [
+        (&["--kernel", "/k"][..], "--kernel"),
+        (&["--initrd", "/i"], "--initrd"),
+        (&["--cmdline", "x"], "--cmdline"),
+    ] {
+        let e = cli(args)
+            .over(fw.clone(), path)
+            .unwrap()
+            .check_firmware()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!("--firmware boots what the firmware loads: not with {option}")
+        );
+    }
+    let e = cli(&["--incoming", "unix:/tmp/x"])
+        .over(fw.clone(), path)
+        .unwrap()
+        .check_firmware()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "--firmware boots a new VM: not with --incoming");
+    // A restore here ignores the file's firmware, as its kernel.
+    let m = cli(&["--restore", "/snap"]).over(fw, path).unwrap();
+    assert_eq!(m.firmware, None);
+    // On the command line, clap refuses the pair.
+    for other in [&["--kernel", "/k"][..], &["--restore", "/s"]] {
+        let mut args = vec!["tandem", "--firmware", "/f"];
+        args.extend_from_slice(other);
+        assert!(Cli::try_parse_from(args).is_err(), "{other:?}");
+    }
+}
