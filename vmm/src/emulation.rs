@@ -180,6 +180,11 @@ fn complete_fpu(
 ) -> Result<bool, EmulationError> {
     // 64-bit code: EFER.LMA and CS.L.
     let long = sregs.efer & EFER_LMA != 0 && sregs.cs.l != 0;
+    // 16-bit code (CS.D clear) addresses through other ModRM forms
+    // ([bx+si], disp16): not decoded here.
+    if !long && sregs.cs.db == 0 {
+        return Ok(false);
+    }
     let linear = emulation_fpu::address(f, regs, sregs, long);
     let width = f.op.width();
     let mut fpu = vcpu.get_fpu()?;

@@ -4,9 +4,10 @@
 //! m32 (`0F AE /3`). Firmware uses them (OVMF's SEC and PEI phases, e.g. in
 //! SetJump); a Linux guest here does not reach them in its kernel.
 //!
-//! Only memory operands without a SIB byte or prefixes: `[reg]`,
-//! `[reg + disp8]`, `[reg + disp32]` and `[rip + disp32]` (an absolute
-//! `[disp32]` outside 64-bit mode). Anything else is left to the caller's
+//! Only 32- and 64-bit code (the caller refuses 16-bit code, whose ModRM
+//! forms differ), and only memory operands without a SIB byte or
+//! prefixes: `[reg]`, `[reg + disp8]`, `[reg + disp32]` and
+//! `[rip + disp32]` (an absolute `[disp32]` outside 64-bit mode). Anything else is left to the caller's
 //! "unsupported" path. Runs on the vCPU's thread, after the exit; pure
 //! decoding apart from [`complete`].
 
