@@ -215,27 +215,44 @@ fn complete_fpu(
     Ok(true)
 }
 
-/// Writes `bytes` at guest linear address `linear` into RAM, page by page
-/// through the guest's page tables; false if any part is not RAM.
-fn write_guest(vcpu: &VcpuFd, mem: &GuestMemoryMmap, mut linear: u64, bytes: &[u8]) -> bool {
+/// Writes `bytes` at guest linear address `linear` into RAM (see
+/// [`walk_pages`]); false if any part is not writable RAM.
+fn write_guest(vcpu: &VcpuFd, mem: &GuestMemoryMmap, linear: u64, bytes: &[u8]) -> bool {
+    let done = walk_pages(vcpu, linear, bytes.len(), true, |gpa, r| {
+        mem.write_slice(&bytes[r], GuestAddress(gpa)).is_ok()
+    });
+    done == bytes.len()
+}
+
+/// Walks `len` bytes at guest linear address `linear` page by page through
+/// the guest's own page tables (`KVM_TRANSLATE`), calling `each` with each
+/// page's guest-physical address and its part of `0..len`. Stops at a page
+/// that does not translate (or is read-only, for a `write`) or that `each`
+/// refuses; returns how many bytes were done.
+fn walk_pages(
+    vcpu: &VcpuFd,
+    mut linear: u64,
+    len: usize,
+    write: bool,
+    mut each: impl FnMut(u64, std::ops::Range<usize>) -> bool,
+) -> usize {
     let mut done = 0;
-    while done < bytes.len() {
+    while done < len {
         let Ok(t) = vcpu.translate_gva(linear) else {
-            return false;
+            break;
         };
-        if t.valid == 0 || t.writeable == 0 {
-            return false;
+        if t.valid == 0 || (write && t.writeable == 0) {
+            break;
         }
         let in_page = (PAGE_SIZE - (linear & (PAGE_SIZE - 1))) as usize;
-        let n = in_page.min(bytes.len() - done);
-        let gpa = GuestAddress(t.physical_address);
-        if mem.write_slice(&bytes[done..done + n], gpa).is_err() {
-            return false;
+        let n = in_page.min(len - done);
+        if !each(t.physical_address, done..done + n) {
+            break;
         }
         done += n;
         linear = linear.wrapping_add(n as u64);
     }
-    true
+    done
 }
 
 /// Reads up to 15 bytes at the guest's RIP (see [`read_guest`]).
@@ -252,36 +269,21 @@ fn read_insn(
     out
 }
 
-/// Reads `buf.len()` bytes at guest linear address `linear`, page by page
-/// through the guest's own page tables (`KVM_TRANSLATE`), from RAM or the
-/// firmware image. Returns how many bytes could be read.
+/// Reads `buf.len()` bytes at guest linear address `linear` from RAM or
+/// the firmware image (see [`walk_pages`]). Returns how many bytes could
+/// be read.
 fn read_guest(
     vcpu: &VcpuFd,
     mem: &GuestMemoryMmap,
     rom: Option<&Firmware>,
-    mut linear: u64,
+    linear: u64,
     buf: &mut [u8],
 ) -> usize {
-    let mut done = 0;
-    while done < buf.len() {
-        let Ok(t) = vcpu.translate_gva(linear) else {
-            break;
-        };
-        if t.valid == 0 {
-            break;
-        }
-        let in_page = (PAGE_SIZE - (linear & (PAGE_SIZE - 1))) as usize;
-        let n = in_page.min(buf.len() - done);
-        let chunk = &mut buf[done..done + n];
-        let gpa = t.physical_address;
-        let in_ram = mem.read_slice(chunk, GuestAddress(gpa)).is_ok();
-        if !in_ram && !rom.is_some_and(|r| r.read(gpa, chunk)) {
-            break;
-        }
-        done += n;
-        linear = linear.wrapping_add(n as u64);
-    }
-    done
+    walk_pages(vcpu, linear, buf.len(), false, |gpa, r| {
+        let chunk = &mut buf[r];
+        mem.read_slice(chunk, GuestAddress(gpa)).is_ok()
+            || rom.is_some_and(|rom| rom.read(gpa, chunk))
+    })
 }
 
 /// A one-paragraph dump of the vCPU for a fatal error.
