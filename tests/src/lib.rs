@@ -259,10 +259,23 @@ impl TestVm {
     }
 
     /// Waits for the ready marker, then turns console echo off so that
-    /// command output is clean.
+    /// command output is clean, and makes the console shell one that a
+    /// background job's end cannot kill.
+    ///
+    /// With echo off, busybox ash reads its commands with `fgets` (its
+    /// line editor steps aside), and its SIGCHLD handler has no
+    /// `SA_RESTART`: a job that ends while the shell waits at the prompt
+    /// breaks that read with EINTR, which ash takes for end of input, and
+    /// the console shell exits (init starts another, without the first
+    /// one's variables and jobs, and a command typed meanwhile is lost).
+    /// An interactive ash that reads its commands from a file, here the
+    /// console opened again, reads with `safe_read`, which retries on
+    /// EINTR. Such a shell prints no prompt; [`strip_prompt`] takes either.
     pub fn wait_ready(&mut self) {
         self.wait_for(READY, BOOT_TIMEOUT);
         self.run("stty -echo", CMD_TIMEOUT);
+        self.send("exec /bin/sh -i /proc/self/fd/0\n");
+        self.run("true", CMD_TIMEOUT);
     }
 
     /// All console output so far, with `\r` removed.
@@ -302,18 +315,37 @@ impl TestVm {
                 let closed = o.closed;
                 drop(o);
                 let waited = start.elapsed().as_secs_f64();
+                // The console as it was, before the last look adds to it.
+                let where_ = self.where_is_the_guest();
+                let init_said = self.init_said();
                 let last_look = if closed {
                     String::new()
                 } else {
                     self.last_look()
                 };
                 panic!(
-                    "{why} after {waited:.0} s (limit {} s) waiting for {pat:?}; {}{last_look}",
+                    "{why} after {waited:.0} s (limit {} s) waiting for {pat:?}; {init_said}{where_}{last_look}",
                     timeout.as_secs(),
-                    self.where_is_the_guest()
                 );
             }
             o = cv.wait_timeout(o, deadline - now).unwrap().0;
+        }
+    }
+
+    /// For a failure message: what tandem-init said on the console besides
+    /// its ready line (a console shell that ended, and how), however far
+    /// back in the console it is.
+    fn init_said(&self) -> String {
+        let lines: Vec<String> = self
+            .console()
+            .lines()
+            .filter(|l| l.starts_with("tandem-guest:") && !l.contains(READY))
+            .map(str::to_string)
+            .collect();
+        if lines.is_empty() {
+            String::new()
+        } else {
+            format!("tandem-init said: {}; ", lines.join(" / "))
         }
     }
 
