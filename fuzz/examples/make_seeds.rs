@@ -189,6 +189,7 @@ impl Snapshot {
             tandem_version: "0.1.0".into(),
             mem_bytes: self.mem_bytes,
             vcpus: self.vcpus,
+            firmware: None,
             devices,
         };
         let mut w = SnapshotWriter::new(Vec::new()).expect("a writer");

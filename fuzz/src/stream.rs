@@ -28,6 +28,7 @@ pub fn manifest() -> Manifest {
         tandem_version: "fuzz".into(),
         mem_bytes: MEM,
         vcpus: 1,
+        firmware: None,
         devices: vec![DeviceConfig::Serial { id: "com1".into() }],
     }
 }

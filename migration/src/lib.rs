@@ -60,7 +60,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use format::{FormatError, SectionKind, SnapshotReader, SnapshotWriter};
-pub use manifest::{check_compatible, CompatError, DeviceConfig, Manifest};
+pub use manifest::{check_compatible, CompatError, DeviceConfig, FirmwareId, Manifest};
 pub use memory::{read_memory, validate_memory, write_memory, MemoryError};
 
 /// A component whose state can be saved as data and put back.

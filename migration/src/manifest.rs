@@ -2,9 +2,10 @@
 //!
 //! This module owns the `manifest` state section (written first, read first) and the
 //! compatibility check a restore runs before it applies anything: the same memory size,
-//! vCPU count and guest-visible devices (kind, id, MAC, read-only flag, MMIO slot). A
-//! difference in a backend only (another tap, another path to the disk image) is allowed
-//! and reported back as a note, since moving a VM to another host renames those.
+//! vCPU count, guest-visible devices (kind, id, MAC, read-only flag, MMIO slot) and
+//! firmware image (size and SHA-256). A difference in a backend only (another tap,
+//! another path to the disk image or to the same firmware bytes) is allowed and
+//! reported back as a note, since moving a VM to another host renames those.
 
 use std::fmt;
 
@@ -28,6 +29,39 @@ pub struct Manifest {
     pub vcpus: u32,
     /// Devices, in the order they were attached.
     pub devices: Vec<DeviceConfig>,
+    /// The firmware image it booted from (`tandem run --firmware`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<FirmwareId>,
+}
+
+/// Which firmware image a VM booted from. The image itself is not part of
+/// the state (it is read-only, and a file on the host): a restore or an
+/// incoming migration is given it again (`--firmware`), and it must be the
+/// same bytes, checked by size and SHA-256, since the guest's state (its
+/// stack, its saved return addresses) points into that image.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FirmwareId {
+    /// The file it was read from (informational: another path is allowed).
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// SHA-256 of its bytes, in hex.
+    pub sha256: String,
+}
+
+impl FirmwareId {
+    /// "/usr/share/ovmf/OVMF.fd (2 MiB, SHA-256 5b0a9c1e...)".
+    fn describe(&self) -> String {
+        let short: String = self.sha256.chars().take(16).collect();
+        // Images are whole 4 KiB pages.
+        let kib = if self.bytes.is_multiple_of(1 << 20) {
+            size(self.bytes)
+        } else {
+            format!("{} KiB", self.bytes >> 10)
+        };
+        format!("{} ({kib}, SHA-256 {short}...)", self.path)
+    }
 }
 
 /// Where a virtio-mmio device sits on the guest's bus.
@@ -214,10 +248,51 @@ pub fn check_compatible(
             ));
         }
     }
+    compare_firmware(
+        snapshot.firmware.as_ref(),
+        requested.firmware.as_ref(),
+        &mut errors,
+        &mut notes,
+    );
     if errors.is_empty() {
         Ok(notes)
     } else {
         Err(CompatError::Mismatch(errors))
+    }
+}
+
+/// The same firmware image, or none on both sides; another path to the
+/// same bytes is a note.
+fn compare_firmware(
+    saved: Option<&FirmwareId>,
+    asked: Option<&FirmwareId>,
+    errors: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    match (saved, asked) {
+        (None, None) => {}
+        (Some(s), None) => errors.push(format!(
+            "snapshot is of a VM booted from firmware {}: give --firmware with that image",
+            s.describe()
+        )),
+        (None, Some(a)) => errors.push(format!(
+            "this VM asks for --firmware {}, the snapshot's VM booted without firmware",
+            a.path
+        )),
+        (Some(s), Some(a)) if s.bytes != a.bytes || s.sha256 != a.sha256 => errors.push(format!(
+            "snapshot's VM booted from firmware {}, this VM's --firmware is {}: \
+                 another image",
+            s.describe(),
+            a.describe()
+        )),
+        (Some(s), Some(a)) => {
+            if s.path != a.path {
+                notes.push(format!(
+                    "firmware: snapshot's was {}, now {} (the same bytes)",
+                    s.path, a.path
+                ));
+            }
+        }
     }
 }
 
@@ -333,5 +408,66 @@ fn compare_device(
             saved.describe(),
             asked.describe()
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vm(firmware: Option<FirmwareId>) -> Manifest {
+        Manifest {
+            mem_bytes: 64 << 20,
+            vcpus: 1,
+            firmware,
+            ..Manifest::default()
+        }
+    }
+
+    fn fw(path: &str, sha: &str) -> Option<FirmwareId> {
+        Some(FirmwareId {
+            path: path.into(),
+            bytes: 2 << 20,
+            sha256: sha.repeat(64),
+        })
+    }
+
+    fn errors(saved: &Manifest, asked: &Manifest) -> String {
+        check_compatible(saved, asked).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_same_firmware_bytes_or_none_are_asked_for() {
+        assert_eq!(check_compatible(&vm(None), &vm(None)), Ok(vec![]));
+        let a = vm(fw("/usr/share/ovmf/OVMF.fd", "a"));
+        assert_eq!(check_compatible(&a, &a), Ok(vec![]));
+        let notes = check_compatible(&a, &vm(fw("/tmp/OVMF.fd", "a"))).unwrap();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("/tmp/OVMF.fd"), "{notes:?}");
+
+        let e = errors(&a, &vm(None));
+        assert!(e.contains("give --firmware"), "{e}");
+        assert!(
+            e.contains("/usr/share/ovmf/OVMF.fd (2 MiB, SHA-256 aaaa"),
+            "{e}"
+        );
+        let e = errors(&vm(None), &a);
+        assert!(e.contains("booted without firmware"), "{e}");
+        let e = errors(&a, &vm(fw("/usr/share/ovmf/OVMF.fd", "b")));
+        assert!(e.contains("another image"), "{e}");
+        let mut smaller = vm(fw("/usr/share/ovmf/OVMF.fd", "a"));
+        if let Some(f) = smaller.firmware.as_mut() {
+            f.bytes = 1 << 20;
+        }
+        assert!(errors(&a, &smaller).contains("1 MiB"));
+    }
+
+    #[test]
+    fn a_manifest_without_firmware_reads_and_writes_as_before() {
+        let text = r#"{"mem_bytes":1048576,"vcpus":1,"devices":[]}"#;
+        let m: Manifest = serde_json::from_str(text).unwrap();
+        assert_eq!(m.firmware, None);
+        let back = serde_json::to_string(&m).unwrap();
+        assert!(!back.contains("firmware"), "{back}");
     }
 }

@@ -26,7 +26,8 @@
 //!
 //! ```text
 //! Hello    8 magic "TNDMMIG\0", 4 protocol version
-//! Config   the source's Manifest as JSON (devices, memory size, vCPUs)
+//! Config   the source's Manifest as JSON (devices, memory size, vCPUs,
+//!          the firmware image by size and SHA-256)
 //! Accept   empty: the destination takes this guest, send memory
 //! Memory   4 range count N; N x (8 gpa, 4 pages, 1 kind: 0 data, 1 zero);
 //!          then the data ranges' pages, 4096 bytes each, in table order

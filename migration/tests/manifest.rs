@@ -36,6 +36,7 @@ fn vm(mem_mib: u64, vcpus: u32, devices: Vec<DeviceConfig>) -> Manifest {
         tandem_version: "0.1.0".into(),
         mem_bytes: mem_mib << 20,
         vcpus,
+        firmware: None,
         devices,
     }
 }

@@ -571,6 +571,7 @@ fn a_whole_snapshot_saves_and_restores() {
         tandem_version: "0.1.0".into(),
         mem_bytes: 8 << 20,
         vcpus: 1,
+        firmware: None,
         devices: vec![DeviceConfig::Net {
             pci: None,
             id: "net0".into(),

@@ -1,47 +1,83 @@
 //! `--firmware`: a VM that starts at the reset vector of an image mapped
 //! read-only below 4 GiB, on a real vCPU under KVM.
 //!
-//! The image is made here, byte by byte: 64 KiB whose last 16 bytes (at
+//! The images are made here, byte by byte: 64 KiB whose last 16 bytes (at
 //! 0xFFFF_FFF0, where a reset CPU fetches first) jump to 16-bit code that
-//! prints a line on COM1 and then resets the machine through the i8042
-//! (or, in the second image, halts). So the test sees the real reset state
-//! (real mode, CS base 0xFFFF_0000) and the read-only mapping (the code
-//! reads its message through CS), with no kernel and no guest build.
-//! Then: a firmware VM refuses a snapshot and a migration (its flash is
-//! not part of the state yet) and runs on; bad images are one-line errors.
+//! prints a line on COM1, then resets the machine through the i8042, or
+//! halts, or echoes: for each byte typed on COM1 it counts one more in RAM
+//! (0x500) and prints the count as a letter ("a", "b", ...). So the test
+//! sees the real reset state (real mode, CS base 0xFFFF_0000) and the
+//! read-only mapping (the code reads its message through CS), with no
+//! kernel and no guest build.
+//!
+//! The echoing VM is snapshotted, restored and migrated with its image
+//! given again (`--firmware`, checked by size and SHA-256): its count goes
+//! on from where it was (RAM, registers and the UART came along) and the
+//! image does not start over; a restore or a destination without the
+//! image, or with another, is refused, the source running on; a COLO pair
+//! of it is refused. Bad images are one-line errors.
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tandem_tests::{ctl, tandem_output, TestVm};
 
-/// What the image prints.
+/// What the image prints first.
 const HELLO: &str = "tandem-fw: hello from the reset vector";
+const WAIT: Duration = Duration::from_secs(60);
 
-/// A 64 KiB image: at offset 0xFF00 the code, at 0xFFF0 the reset vector
-/// (`jmp near 0xFF00`). With `reset`, the code ends with the i8042 reset
-/// command (0xFE to port 0x64); without, it halts with interrupts off.
-fn image(reset: bool) -> Vec<u8> {
+/// How an image's code ends, after its line.
+#[derive(Clone, Copy)]
+enum End {
+    /// The i8042 reset command (0xFE to port 0x64).
+    Reset,
+    /// `hlt` with interrupts off, for good.
+    Halt,
+    /// Enables COM1's receive interrupt (interrupts stay off in the CPU)
+    /// and polls COM1 for a byte; for each, one more in the byte at
+    /// 0:0x500 and that count printed as a letter (1 is "a") and CR LF.
+    Echo,
+}
+
+/// A 64 KiB image: at offset 0xFE00 the message, at 0xFF00 the code, at
+/// 0xFFF0 the reset vector (`jmp near 0xFF00`).
+fn image(end: End) -> Vec<u8> {
     let mut img = vec![0u8; 64 << 10];
     let mut code: Vec<u8> = vec![
         0xba, 0xf8, 0x03, // 0xff00: mov dx, 0x3f8 (COM1)
-        0xbe, 0x16, 0xff, // 0xff03: mov si, 0xff16 (the message)
+        0xbe, 0x00, 0xfe, // 0xff03: mov si, 0xfe00 (the message)
         0x2e, 0xac, //       0xff06: cs lodsb (through CS: the flash)
         0x84, 0xc0, //       0xff08: test al, al
         0x74, 0x03, //       0xff0a: jz 0xff0f
         0xee, //             0xff0c: out dx, al
         0xeb, 0xf7, //       0xff0d: jmp 0xff06
     ];
-    if reset {
-        code.extend_from_slice(&[0xb0, 0xfe, 0xe6, 0x64]); // 0xff0f: mov al, 0xfe; out 0x64, al
-    } else {
-        code.extend_from_slice(&[0x90, 0x90, 0x90, 0x90]); // 0xff0f: nop x4
+    match end {
+        End::Reset => code.extend_from_slice(&[0xb0, 0xfe, 0xe6, 0x64]), // mov al, 0xfe; out 0x64, al
+        End::Halt => code.extend_from_slice(&[0x90; 4]),
+        End::Echo => code.extend_from_slice(&[
+            0xba, 0xf9, 0x03, //       0xff0f: mov dx, 0x3f9 (interrupt enable)
+            0xb0, 0x01, 0xee, //       0xff12: mov al, 1; out dx, al (receive: the
+            //                                 VMM feeds COM1 while it is on)
+            0xba, 0xfd, 0x03, //       0xff15: mov dx, 0x3fd (line status)
+            0xec, //                   0xff18: in al, dx
+            0xa8, 0x01, //             0xff19: test al, 1 (data ready)
+            0x74, 0xfb, //             0xff1b: jz 0xff18
+            0xba, 0xf8, 0x03, //       0xff1d: mov dx, 0x3f8
+            0xec, //                   0xff20: in al, dx (the byte, dropped)
+            0xfe, 0x06, 0x00, 0x05, // 0xff21: inc byte [0x500]
+            0xa0, 0x00, 0x05, //       0xff25: mov al, [0x500]
+            0x04, 0x60, //             0xff28: add al, 0x60 (1 is 'a')
+            0xee, //                   0xff2a: out dx, al
+            0xb0, 0x0d, 0xee, //       0xff2b: mov al, CR; out dx, al
+            0xb0, 0x0a, 0xee, //       0xff2e: mov al, LF; out dx, al
+            0xeb, 0xe2, //             0xff31: jmp 0xff15
+        ]),
     }
-    code.extend_from_slice(&[0xf4, 0xeb, 0xfd]); // 0xff13: hlt; jmp 0xff13
-    assert_eq!(code.len(), 0x16);
-    code.extend_from_slice(HELLO.as_bytes());
-    code.extend_from_slice(b"\r\n\0");
+    code.extend_from_slice(&[0xf4, 0xeb, 0xfd]); // hlt; jmp back to it
     img[0xff00..0xff00 + code.len()].copy_from_slice(&code);
+    let msg = [HELLO.as_bytes(), b"\r\n\0"].concat();
+    img[0xfe00..0xfe00 + msg.len()].copy_from_slice(&msg);
     // 0xfff0: jmp near 0xff00 (relative to 0xfff3).
     img[0xfff0..0xfff3].copy_from_slice(&[0xe9, 0x0d, 0xff]);
     img
@@ -55,61 +91,110 @@ fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
     p
 }
 
+fn tmp(what: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tandem-fw-{what}-{}", std::process::id()))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Types a byte on the echoing image's COM1 and waits for the count it
+/// prints.
+#[track_caller]
+fn echo(vm: &mut TestVm, count: char) {
+    vm.send("x");
+    vm.wait_for(&format!("{count}\r\n"), WAIT);
+}
+
 #[test]
 fn the_first_instruction_is_the_images_reset_vector() {
-    let fw = scratch("reset.fd", &image(true));
-    let mut vm = TestVm::start(&["--firmware", fw.to_str().unwrap(), "--mem", "64M"]);
-    vm.wait_for(HELLO, Duration::from_secs(60));
+    let fw = scratch("reset.fd", &image(End::Reset));
+    let mut vm = TestVm::start(&["--firmware", s(&fw), "--mem", "64M"]);
+    vm.wait_for(HELLO, WAIT);
     // Only the i8042 reset ends it: without, the code halts with
     // interrupts off, for good.
-    let st = vm.wait_exit(Duration::from_secs(60));
+    let st = vm.wait_exit(WAIT);
     assert_eq!(st.code(), Some(0), "{}", vm.stderr());
 }
 
 #[test]
-fn a_firmware_vm_is_not_saved_or_moved_and_runs_on() {
-    let fw = scratch("halt.fd", &image(false));
-    let api = std::env::temp_dir().join(format!("tandem-fw-api-{}", std::process::id()));
-    let mut vm = TestVm::start(&[
+fn a_firmware_vm_is_saved_restored_and_moved_with_its_image() {
+    let fw = scratch("echo.fd", &image(End::Echo));
+    let other = scratch("halt.fd", &image(End::Halt));
+    let (api, api2, snap) = (tmp("api"), tmp("api2"), tmp("snap"));
+    let mut vm = TestVm::start(&["--firmware", s(&fw), "--mem", "64M", "--api-sock", s(&api)]);
+    vm.remove_on_drop(snap.clone());
+    vm.wait_for(HELLO, WAIT);
+    echo(&mut vm, 'a');
+    echo(&mut vm, 'b');
+    let (code, a) = ctl(&api, &["snapshot", s(&snap)]);
+    assert_eq!(code, 0, "{a}");
+    echo(&mut vm, 'c');
+    let (code, a) = ctl(&api, &["colo-start", "unix:/tmp/tandem-fw-nowhere.sock"]);
+    assert_eq!(code, 1, "{a}");
+    assert!(
+        a["error"].as_str().unwrap_or("").contains("--firmware"),
+        "{a}"
+    );
+    vm.kill();
+
+    refused(
+        &["--restore", s(&snap)],
+        1,
+        "give --firmware with that image",
+    );
+    refused(
+        &["--restore", s(&snap), "--firmware", s(&other)],
+        1,
+        "another image",
+    );
+    let mut r = TestVm::start(&[
+        "--restore",
+        s(&snap),
         "--firmware",
-        fw.to_str().unwrap(),
+        s(&fw),
+        "--api-sock",
+        s(&api2),
+    ]);
+    // The count as it was saved, and the image did not start over.
+    echo(&mut r, 'c');
+    assert!(!r.console().contains("hello"), "{}", r.console());
+
+    // A destination with another image refuses; the source runs on.
+    let (sock, sock2) = (tmp("mig.sock"), tmp("mig2.sock"));
+    let unix = |p: &Path| format!("unix:{}", s(p));
+    let mut bad = TestVm::start(&[
+        "--incoming",
+        &unix(&sock),
+        "--firmware",
+        s(&other),
         "--mem",
         "64M",
-        "--api-sock",
-        api.to_str().unwrap(),
     ]);
-    vm.wait_for(HELLO, Duration::from_secs(60));
-    let snap = std::env::temp_dir().join(format!("tandem-fw-{}.snap", std::process::id()));
-    let t = Instant::now();
-    let (code, a) = loop {
-        let (code, a) = ctl(&api, &["snapshot", snap.to_str().unwrap()]);
-        // The API socket may not answer yet.
-        if code != 1 || a != serde_json::Value::Null || t.elapsed() > Duration::from_secs(30) {
-            break (code, a);
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let (code, a) = ctl(&api2, &["migrate", &unix(&sock), "--json"]);
     assert_eq!(code, 1, "{a}");
     assert!(
-        a["error"].as_str().unwrap_or("").contains("--firmware"),
+        a["error"].as_str().unwrap_or("").contains("another image"),
         "{a}"
     );
-    assert!(!snap.exists(), "no snapshot file");
-    let (code, a) = ctl(
-        &api,
-        &["migrate", "unix:/tmp/tandem-fw-nowhere.sock", "--json"],
-    );
-    assert_eq!(code, 1, "{a}");
-    assert!(
-        a["error"].as_str().unwrap_or("").contains("--firmware"),
-        "{a}"
-    );
-    let (code, a) = ctl(&api, &["status"]);
+    assert_eq!(bad.wait_exit(WAIT).code(), Some(1), "{}", bad.stderr());
+    echo(&mut r, 'd');
+
+    let mut dst = TestVm::start(&[
+        "--incoming",
+        &unix(&sock2),
+        "--firmware",
+        s(&fw),
+        "--mem",
+        "64M",
+    ]);
+    let (code, a) = ctl(&api2, &["migrate", &unix(&sock2), "--json"]);
     assert_eq!(code, 0, "{a}");
-    assert!(vm.running(), "the VM runs on: {}", vm.stderr());
-    let (code, a) = ctl(&api, &["shutdown"]);
-    assert_eq!(code, 0, "{a}");
-    assert_eq!(vm.wait_exit(Duration::from_secs(30)).code(), Some(0));
+    assert_eq!(r.wait_exit(WAIT).code(), Some(0), "{}", r.stderr());
+    echo(&mut dst, 'e');
+    assert!(!dst.console().contains("hello"), "{}", dst.console());
+    dst.kill();
 }
 
 #[track_caller]
@@ -146,8 +231,13 @@ fn bad_images_and_options_are_refused() {
         1,
         "/nonexistent/OVMF.fd",
     );
-    let fw = scratch("ok.fd", &image(true));
+    let fw = scratch("ok.fd", &image(End::Reset));
     let fw = fw.to_str().unwrap();
     refused(&["--firmware", fw, "--kernel", fw], 1, "--kernel");
-    refused(&["--firmware", fw, "--restore", fw], 1, "--restore");
+    // With --restore, --firmware is taken: the file is no snapshot.
+    refused(
+        &["--firmware", fw, "--restore", fw],
+        1,
+        "not a tandem snapshot",
+    );
 }

@@ -108,7 +108,7 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     // the guest probes them in command-line order, so the first --disk is
     // vda), each announced on the command line.
     let virtio_configs = device_manager::virtio_configs(&cfg.nets, &cfg.disks, cfg.machine)?;
-    let manifest = device_manager::manifest(
+    let mut manifest = device_manager::manifest(
         cfg.mem_bytes,
         u32::from(cfg.cpus),
         cfg.machine,
@@ -120,10 +120,13 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
     let announce = dm.announcement();
     let (devices, subscribers) = dm.finish();
-    let firmware = match (&start, &cfg.firmware) {
-        (Start::Boot, Some(path)) => Some(Arc::new(boot::firmware::load(&fd, path)?)),
-        _ => None,
+    // A restored or incoming VM maps the image its state was saved with
+    // (the manifests' check compares them).
+    let firmware = match &cfg.firmware {
+        Some(path) => Some(Arc::new(boot::firmware::load(&fd, path)?)),
+        None => None,
     };
+    manifest.firmware = firmware.as_ref().map(|f| f.id().clone());
     // A firmware boot leaves the boot vCPU at the reset vector.
     let entry = match start {
         Start::Boot if firmware.is_none() => Some(load_kernel(cfg, host, &announce, ram.mem())?),

@@ -165,7 +165,6 @@ impl Control for VmControl {
 
     fn migrate(&mut self, to: &str, params: Params) -> Result<Value, VmOpError> {
         self.not_migrating()?;
-        self.vm.savable()?;
         params.check().map_err(VmOpError::Migration)?;
         let to: Endpoint = to.parse().map_err(VmOpError::Migration)?;
         self.vm
@@ -210,7 +209,7 @@ impl Control for VmControl {
         }
         self.primary = None;
         self.not_migrating()?;
-        self.vm.savable()?;
+        self.vm.pairable()?;
         check_pair(&params)?;
         self.vm
             .transport()

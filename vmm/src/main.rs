@@ -435,7 +435,7 @@ fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     let cfg = VmConfig {
-        firmware: None,
+        firmware: args.firmware.clone(),
         kernel: PathBuf::new(),
         initrd: None,
         cmdline: String::new(),
@@ -533,11 +533,17 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     let mut disks = args.disks;
+    let firmware = match args.firmware.as_deref().map(vmm::boot::firmware::identify) {
+        Some(Ok(id)) => Some(id),
+        Some(Err(e)) => return fail(e),
+        None => None,
+    };
     let asked = vmm::snapshot::Asked {
         mem: args.mem,
         cpus: args.cpus,
         machine: args.machine,
         nets: &args.nets,
+        firmware: firmware.as_ref(),
     };
     let snap = match vmm::snapshot::load(path, asked, &mut disks) {
         Ok(s) => s,
@@ -548,7 +554,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         Err(_) => return fail(format!("{}: bad vCPU count", path.display())),
     };
     let cfg = VmConfig {
-        firmware: None,
+        firmware: args.firmware.clone(),
         kernel: PathBuf::new(),
         initrd: None,
         cmdline: String::new(),

@@ -230,11 +230,13 @@ pub struct Asked<'a> {
     pub cpus: Option<u8>,
     pub machine: Option<Machine>,
     pub nets: &'a [NetSpec],
+    /// The image given with `--firmware` (see `boot::firmware::identify`).
+    pub firmware: Option<&'a migration::FirmwareId>,
 }
 
 /// Opens and verifies `path` completely and checks it against the memory
-/// size, vCPU count and machine asked for and the devices `nets` and
-/// `disks`. A disk given without `id=` takes the id the snapshot has for
+/// size, vCPU count, machine and firmware asked for and the devices `nets`
+/// and `disks`. A disk given without `id=` takes the id the snapshot has for
 /// it. Creates nothing.
 pub fn load(path: &Path, asked: Asked, disks: &mut [DiskSpec]) -> Result<Restore, SnapshotError> {
     let mut l = Loader::open(path)?;
@@ -252,12 +254,13 @@ pub fn load(path: &Path, asked: Asked, disks: &mut [DiskSpec]) -> Result<Restore
         .machine
         .unwrap_or_else(|| device_manager::machine_of(&saved));
     let virtio = device_manager::virtio_configs(asked.nets, disks, machine)?;
-    let requested = manifest(
+    let mut requested = manifest(
         asked.mem.unwrap_or(saved.mem_bytes),
         asked.cpus.map_or(saved.vcpus, u32::from),
         machine,
         virtio,
     );
+    requested.firmware = asked.firmware.cloned();
     l.finish(saved, &requested)
 }
 
@@ -621,6 +624,7 @@ mod tests {
             cpus,
             machine: None,
             nets: &[],
+            firmware: None,
         };
         let e = load(path, asked, &mut []).err().expect("refused");
         let _ = std::fs::remove_file(path);

@@ -81,10 +81,7 @@ pub enum VmOpError {
     Migrating,
     #[error("the VM holds no guest yet: it waits for an incoming migration")]
     Empty,
-    #[error(
-        "this VM booted from --firmware {0}: its state cannot be saved or moved yet \
-         (the firmware's flash is not part of it)"
-    )]
+    #[error("this VM booted from --firmware {0}: a COLO pair of it is not supported yet")]
     Firmware(std::path::PathBuf),
 }
 
@@ -265,9 +262,10 @@ impl VmHandle {
         Ok(())
     }
 
-    /// Whether this VM's state can be saved (a snapshot, a migration, a
-    /// COLO pair): not yet for one booted from `--firmware`.
-    pub fn savable(&self) -> Result<(), VmOpError> {
+    /// Whether this VM can be a COLO primary: not yet one booted from
+    /// `--firmware` (its snapshots and migrations record the image; the
+    /// secondary would need it given too, untested).
+    pub fn pairable(&self) -> Result<(), VmOpError> {
         match &self.0.firmware {
             Some(fw) => Err(VmOpError::Firmware(fw.path().to_path_buf())),
             None => Ok(()),
@@ -277,7 +275,6 @@ impl VmHandle {
     /// The whole state of the paused VM but its memory; the vCPUs hand
     /// theirs over in parallel.
     pub fn capture_state(&self) -> Result<VmState, VmOpError> {
-        self.savable()?;
         let p = lock(&self.0.pause);
         if p.since.is_none() {
             return Err(VmOpError::NotPaused);
@@ -404,7 +401,6 @@ impl VmHandle {
 
     /// Writes a snapshot to `path`, pausing a running VM for it.
     pub fn snapshot(&self, path: &Path) -> Result<SnapshotDone, VmOpError> {
-        self.savable()?;
         let start = Instant::now();
         let was_running = !self.is_paused();
         if was_running {

@@ -10,6 +10,7 @@ fn manifest() -> Manifest {
         tandem_version: "test".into(),
         mem_bytes: 128 << 20,
         vcpus: 1,
+        firmware: None,
         devices: vec![DeviceConfig::Serial { id: "com1".into() }],
     }
 }

@@ -10,6 +10,10 @@
 //! a write to it is an MMIO exit that no device claims (counted, ignored),
 //! as a write to a flash chip without its command sequence would be.
 //!
+//! The image is not part of a saved state: a snapshot or a migration
+//! records its size and SHA-256 in the manifest ([`Firmware::id`]), and a
+//! restore or an incoming migration is given the same image again.
+//!
 //! Runs once on the main thread while the VM is built, before any vCPU
 //! runs. The file is user input: a missing, empty, misaligned or oversized
 //! image is a one-line error, never a panic. It never maps guest RAM.
@@ -18,6 +22,8 @@ use std::path::{Path, PathBuf};
 
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
 use kvm_ioctls::VmFd;
+use migration::FirmwareId;
+use sha2::{Digest, Sha256};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::VolatileMemory;
 
@@ -59,6 +65,7 @@ pub struct Firmware {
     region: MmapRegion,
     gpa: u64,
     path: PathBuf,
+    id: FirmwareId,
 }
 
 impl std::fmt::Debug for Firmware {
@@ -85,6 +92,11 @@ impl Firmware {
     /// The file it came from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What the VM's manifest records of it (size and SHA-256).
+    pub fn id(&self) -> &FirmwareId {
+        &self.id
     }
 
     /// Copies the image's bytes at guest address `gpa` into `buf` (the
@@ -121,23 +133,43 @@ pub fn placement(path: &Path, size: u64) -> Result<u64, FirmwareError> {
     Ok(gpa)
 }
 
-/// Reads the image at `path` and maps it read-only into `vm` so that it
-/// ends at 4 GiB.
-pub fn load(vm: &VmFd, path: &Path) -> Result<Firmware, FirmwareError> {
+/// Reads the image at `path`, checked, and where it goes.
+fn read_image(path: &Path) -> Result<(Vec<u8>, u64), FirmwareError> {
     let read = |source| FirmwareError::Read {
         path: path.to_path_buf(),
         source,
     };
     // The size first: a huge file is refused before it is read.
     let size = std::fs::metadata(path).map_err(read)?.len();
-    let gpa = placement(path, size)?;
+    placement(path, size)?;
     let image = std::fs::read(path).map_err(read)?;
     // The file may have changed between the two looks.
-    let gpa = if image.len() as u64 == size {
-        gpa
-    } else {
-        placement(path, image.len() as u64)?
-    };
+    let gpa = placement(path, image.len() as u64)?;
+    Ok((image, gpa))
+}
+
+/// What a VM booted from `image` (read from `path`) records of it.
+fn identity(path: &Path, image: &[u8]) -> FirmwareId {
+    FirmwareId {
+        path: path.display().to_string(),
+        bytes: image.len() as u64,
+        sha256: migration::hex::encode(&Sha256::digest(image)),
+    }
+}
+
+/// Which image `path` is (`--firmware` given to a restore or an incoming
+/// migration, to be checked against the saved VM's before anything is
+/// built), with the checks [`load`] makes.
+pub fn identify(path: &Path) -> Result<FirmwareId, FirmwareError> {
+    let (image, _) = read_image(path)?;
+    Ok(identity(path, &image))
+}
+
+/// Reads the image at `path` and maps it read-only into `vm` so that it
+/// ends at 4 GiB.
+pub fn load(vm: &VmFd, path: &Path) -> Result<Firmware, FirmwareError> {
+    let (image, gpa) = read_image(path)?;
+    let id = identity(path, &image);
     let region = MmapRegion::new(image.len()).map_err(FirmwareError::Map)?;
     // SAFETY: `region` is a fresh private mapping of exactly `image.len()`
     // bytes that nothing else references yet.
@@ -162,6 +194,7 @@ pub fn load(vm: &VmFd, path: &Path) -> Result<Firmware, FirmwareError> {
         region,
         gpa,
         path: path.to_path_buf(),
+        id,
     })
 }
 
@@ -204,6 +237,14 @@ mod tests {
         let fw = load(&vm, &path).unwrap();
         assert_eq!(fw.gpa(), 0xffff_0000);
         assert_eq!(fw.bytes(), 64 << 10);
+        assert_eq!(fw.id(), &identify(&path).unwrap());
+        assert_eq!(fw.id().bytes, 64 << 10);
+        assert_eq!(fw.id().sha256.len(), 64);
+        std::fs::write(dir.join("other.fd"), vec![0u8; 64 << 10]).unwrap();
+        assert_ne!(
+            identify(&dir.join("other.fd")).unwrap().sha256,
+            fw.id().sha256
+        );
         // SAFETY: the mapping is `fw`'s and lives until the end of the test.
         let last = unsafe { *fw.region.as_ptr().add((64 << 10) - 16) };
         assert_eq!(last, 0xea);

@@ -86,6 +86,7 @@ mod tests {
             tandem_version: "t".into(),
             mem_bytes: 1 << 20,
             vcpus: 1,
+            firmware: None,
             devices: vec![DeviceConfig::Blk {
                 pci: None,
                 id: "blk0".into(),

@@ -157,6 +157,7 @@ pub fn manifest(
         tandem_version: env!("CARGO_PKG_VERSION").to_string(),
         mem_bytes,
         vcpus: cpus,
+        firmware: None,
         devices,
     }
 }

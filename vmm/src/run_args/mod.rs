@@ -61,7 +61,7 @@ pub enum RunArgsError {
     },
     #[error(
         "--config {path}: '{key}' is for booting, and the file also gives 'restore' \
-         (with --restore on the command line, the file's firmware, kernel, initrd and cmdline are ignored)"
+         (with --restore on the command line, the file's kernel, initrd and cmdline are ignored)"
     )]
     RestoreAndBoot { path: PathBuf, key: &'static str },
     #[error("--{option} is for booting and cannot be used with 'restore' from --config {path}")]
@@ -70,8 +70,10 @@ pub enum RunArgsError {
     HzWithoutProfile,
     #[error("--firmware boots what the firmware loads: not with --{0}")]
     FirmwareAndKernel(&'static str),
-    #[error("--firmware boots a new VM: not with --{0}")]
-    FirmwareAndStart(&'static str),
+    #[error(
+        "--firmware: a VM booted from firmware cannot be a COLO secondary yet (not with --colo)"
+    )]
+    FirmwareAndColo,
     #[error("--guest-symbols: {0}")]
     Symbols(#[source] SymbolsError),
     #[error("--tls-cert, --tls-key and --tls-ca go together, and not with --insecure")]
@@ -93,8 +95,9 @@ pub struct RunArgs {
     /// and sndbuf are a string ("512M") or a number (MiB for mem, bytes for
     /// sndbuf). An option given on the command line wins over the file's; a
     /// --net or --disk there replaces the file's whole list. With --restore
-    /// on the command line the file's firmware, kernel, initrd and
-    /// cmdline are ignored, so one file serves a boot and later restores. Relative paths
+    /// on the command line the file's kernel, initrd and cmdline are
+    /// ignored (its firmware is not: a restore needs the same image), so
+    /// one file serves a boot and later restores. Relative paths
     /// are from the current directory. An unknown key is an error. Example
     /// in the README ("Config file").
     #[arg(long, value_name = "FILE")]
@@ -110,11 +113,13 @@ pub struct RunArgs {
     /// most 16 MiB. It is mapped read-only so that it ends at 4 GiB, and the
     /// first vCPU starts at the reset vector (0xFFFFFFF0) in real mode, as
     /// after a power-on. Not with --kernel, --initrd or --cmdline (the
-    /// firmware loads what it boots). The VM cannot be snapshotted,
-    /// migrated or paired for COLO yet. Here the firmware runs in KVM's
-    /// instruction emulator (README, "Firmware boot").
+    /// firmware loads what it boots). The image is not part of a snapshot
+    /// or a migration: --restore and --incoming are given the same image
+    /// again (checked by size and SHA-256). Not for a COLO pair yet. Here
+    /// the firmware runs in KVM's instruction emulator (README, "Firmware
+    /// boot").
     #[arg(long, value_name = "PATH",
-          conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore", "incoming", "colo"])]
+          conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "colo"])]
     #[serde(default)]
     pub firmware: Option<PathBuf>,
     /// Initial ramdisk (uncompressed cpio boots fastest).
@@ -325,8 +330,9 @@ impl RunArgs {
         Ok(merged)
     }
 
-    /// A firmware boot takes no kernel and starts a new VM (the command
-    /// line's conflicts are clap's; these also catch a `--config` file's).
+    /// A firmware VM takes no kernel and is not a COLO secondary (the
+    /// command line's conflicts are clap's; these also catch a `--config`
+    /// file's).
     pub(crate) fn check_firmware(&self) -> Result<(), RunArgsError> {
         if self.firmware.is_none() {
             return Ok(());
@@ -340,13 +346,8 @@ impl RunArgs {
         if let Some(&(option, _)) = kernel.iter().find(|(_, given)| *given) {
             return Err(RunArgsError::FirmwareAndKernel(option));
         }
-        let start = [
-            ("restore", self.restore.is_some()),
-            ("incoming", self.incoming.is_some()),
-            ("colo", self.colo.is_some()),
-        ];
-        if let Some(&(option, _)) = start.iter().find(|(_, given)| *given) {
-            return Err(RunArgsError::FirmwareAndStart(option));
+        if self.colo.is_some() {
+            return Err(RunArgsError::FirmwareAndColo);
         }
         Ok(())
     }
@@ -359,7 +360,6 @@ impl RunArgs {
         let file_boots = self.restore.is_none();
         if file_boots && file.restore.is_some() {
             let boot_keys = [
-                ("firmware", file.firmware.is_some()),
                 ("kernel", file.kernel.is_some()),
                 ("initrd", file.initrd.is_some()),
                 ("cmdline", file.cmdline.is_some()),
@@ -369,7 +369,6 @@ impl RunArgs {
                 return Err(RunArgsError::RestoreAndBoot { path, key });
             }
             let boot_options = [
-                ("firmware", self.firmware.is_some()),
                 ("kernel", self.kernel.is_some()),
                 ("initrd", self.initrd.is_some()),
                 ("cmdline", self.cmdline.is_some()),
@@ -394,7 +393,8 @@ impl RunArgs {
         }
         Ok(RunArgs {
             config: self.config,
-            firmware: or(self.firmware, file.firmware, file_boots),
+            // A restore needs the image its VM booted from.
+            firmware: self.firmware.or(file.firmware),
             kernel: or(self.kernel, file.kernel, file_boots),
             initrd: or(self.initrd, file.initrd, file_boots),
             cmdline: or(self.cmdline, file.cmdline, file_boots),

@@ -443,7 +443,7 @@ fn the_readme_examples() {
 }
 
 #[test]
-fn firmware_takes_no_kernel_and_starts_a_new_vm() {
+fn firmware_takes_no_kernel_and_is_no_colo_secondary() {
     // From a file too, where clap's conflicts cannot see it.
     let fw = toml("firmware = \"/usr/share/ovmf/OVMF.fd\"").unwrap();
     assert_eq!(fw.firmware, Some(PathBuf::from("/usr/share/ovmf/OVMF.fd")));
@@ -469,20 +469,28 @@ fn firmware_takes_no_kernel_and_starts_a_new_vm() {
             format!("--firmware boots what the firmware loads: not with {option}")
         );
     }
-    let e = cli(&["--incoming", "unix:/tmp/x"])
+    let e = cli(&["--colo", "secondary", "--colo-listen", "unix:/tmp/x"])
         .over(fw.clone(), path)
         .unwrap()
         .check_firmware()
         .unwrap_err()
         .to_string();
-    assert_eq!(e, "--firmware boots a new VM: not with --incoming");
-    // A restore here ignores the file's firmware, as its kernel.
+    assert!(e.contains("not with --colo"), "{e}");
+    // An incoming migration and a restore take the file's firmware: their
+    // VM needs the image it booted from.
+    let m = cli(&["--incoming", "unix:/tmp/x"])
+        .over(fw.clone(), path)
+        .unwrap();
+    assert!(m.check_firmware().is_ok());
     let m = cli(&["--restore", "/snap"]).over(fw, path).unwrap();
-    assert_eq!(m.firmware, None);
+    assert_eq!(m.firmware, Some(PathBuf::from("/usr/share/ovmf/OVMF.fd")));
+    assert!(m.check_firmware().is_ok());
     // On the command line, clap refuses the pair.
-    for other in [&["--kernel", "/k"][..], &["--restore", "/s"]] {
+    for other in [&["--kernel", "/k"][..], &["--cmdline", "x"]] {
         let mut args = vec!["tandem", "--firmware", "/f"];
         args.extend_from_slice(other);
         assert!(Cli::try_parse_from(args).is_err(), "{other:?}");
     }
+    let args = ["tandem", "--firmware", "/f", "--restore", "/s"];
+    assert!(Cli::try_parse_from(args).is_ok());
 }
