@@ -12,8 +12,9 @@
 //! cannot converge in its time limit (`--downtime-ms 1 --auto-converge off
 //! --timeout-s 20`); after each the source's guest runs on, unchanged, and
 //! its VMM says so. Then the dirtying guest migrates (Unix socket, with the
-//! jitter probe and its plot) while a TCP stream from the host runs into
-//! it: the source exits 0 saying where the guest went; at the destination
+//! jitter probe and its plot, at 8 MiB/s: it dirties faster than half of
+//! that, so auto-converge must throttle it for the migration to end) while
+//! a TCP stream from the host runs into it: the source exits 0 saying where the guest went; at the destination
 //! the console answers, a memory-resident file has its old checksum, the
 //! counting loop goes on, the stream arrived whole, the guest answers
 //! pings through the bridge (which learnt its new port from the
@@ -496,10 +497,12 @@ fn hopeless(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
     still_running(src, api, sum, 5);
 }
 
-/// The dirtying guest (`tandem-dirty` at 16 MiB/s) moves
-/// over a Unix socket, with the jitter probe, a plot, and a TCP stream
-/// into it; the disk mounted and a file synced to it before. Returns the
-/// destination, where the guest runs now, and its API socket.
+/// The dirtying guest (`tandem-dirty` at 16 MiB/s) moves over a Unix
+/// socket at 8 MiB/s (`--bandwidth`), with auto-converge (the default):
+/// the guest dirties faster than half the send rate, so the migration
+/// ends only once the throttle has slowed it down. With the jitter probe,
+/// a plot, and a TCP stream into it; the disk mounted and a file synced
+/// to it before.
 fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum: &str) {
     src.ok(
         "mount -t ext4 /dev/vda /mnt && cp /tmp/m /mnt/m && sync",
@@ -526,6 +529,8 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
     // Every 50 ms: each echo costs the emulated guest kernel milliseconds
     // here, and 100 a second would load the guest more than the migration.
     let probe = [
+        "--bandwidth",
+        "8",
         "--probe",
         GUEST_IP0,
         "--probe-interval-ms",
@@ -539,6 +544,10 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
     eprintln!("migration: {report}");
     assert_completed(code, &report);
     check_report(&report, "thread");
+    assert!(
+        report["throttle"].as_u64().unwrap_or(0) > 0,
+        "auto-converge throttled the guest (it dirties 16 MiB/s, sending is capped at 8): {report}"
+    );
     check_probe(&report, &plot);
     source_gone(&mut src, "migrated to unix:");
     guest_goes_on(&mut dst, sum);
