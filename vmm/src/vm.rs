@@ -317,6 +317,13 @@ impl VmHandle {
                 self.0.manifest.mem_bytes >> 20
             ));
         }
+        // The image mapped here, read when the VM was built, is the one
+        // the state was saved with (the manifests were compared before,
+        // on what the file held then).
+        let image = |m: &Manifest| m.firmware.as_ref().map(|f| (f.bytes, f.sha256.clone()));
+        if image(&s.manifest) != image(&self.0.manifest) {
+            return foreign("another firmware image than this VM's (size or SHA-256)".into());
+        }
         let vcpus = lock(&self.0.vcpus).len();
         if s.vcpus.len() != vcpus {
             return foreign(format!("{} vCPUs, this VM has {vcpus}", s.vcpus.len()));
