@@ -164,14 +164,17 @@ fn a_firmware_vm_is_saved_restored_and_moved_with_its_image() {
     // A destination with another image refuses; the source runs on.
     let (sock, sock2) = (tmp("mig.sock"), tmp("mig2.sock"));
     let unix = |p: &Path| format!("unix:{}", s(p));
-    let mut bad = TestVm::start(&[
-        "--incoming",
-        &unix(&sock),
-        "--firmware",
-        s(&other),
-        "--mem",
-        "64M",
-    ]);
+    let destination = |sock: &Path, image: &Path| {
+        TestVm::start(&[
+            "--incoming",
+            &unix(sock),
+            "--firmware",
+            s(image),
+            "--mem",
+            "64M",
+        ])
+    };
+    let mut bad = destination(&sock, &other);
     let (code, a) = ctl(&api2, &["migrate", &unix(&sock), "--json"]);
     assert_eq!(code, 1, "{a}");
     assert!(
@@ -181,14 +184,7 @@ fn a_firmware_vm_is_saved_restored_and_moved_with_its_image() {
     assert_eq!(bad.wait_exit(WAIT).code(), Some(1), "{}", bad.stderr());
     echo(&mut r, 'd');
 
-    let mut dst = TestVm::start(&[
-        "--incoming",
-        &unix(&sock2),
-        "--firmware",
-        s(&fw),
-        "--mem",
-        "64M",
-    ]);
+    let mut dst = destination(&sock2, &fw);
     let (code, a) = ctl(&api2, &["migrate", &unix(&sock2), "--json"]);
     assert_eq!(code, 0, "{a}");
     assert_eq!(r.wait_exit(WAIT).code(), Some(0), "{}", r.stderr());

@@ -337,19 +337,26 @@ impl RunArgs {
         if self.firmware.is_none() {
             return Ok(());
         }
-        let kernel = [
-            ("kernel", self.kernel.is_some()),
-            ("initrd", self.initrd.is_some()),
-            ("cmdline", self.cmdline.is_some()),
-            ("print-cmdline", self.print_cmdline),
-        ];
-        if let Some(&(option, _)) = kernel.iter().find(|(_, given)| *given) {
+        if let Some(option) = self.kernel_option() {
             return Err(RunArgsError::FirmwareAndKernel(option));
         }
         if self.colo.is_some() {
             return Err(RunArgsError::FirmwareAndColo);
         }
         Ok(())
+    }
+
+    /// The first option given that boots a kernel (`--kernel`, `--initrd`,
+    /// `--cmdline`, `--print-cmdline`), if any.
+    fn kernel_option(&self) -> Option<&'static str> {
+        [
+            ("kernel", self.kernel.is_some()),
+            ("initrd", self.initrd.is_some()),
+            ("cmdline", self.cmdline.is_some()),
+            ("print-cmdline", self.print_cmdline),
+        ]
+        .into_iter()
+        .find_map(|(option, given)| given.then_some(option))
     }
 
     /// These options (the command line's) over `file`'s (read from `path`):
@@ -368,13 +375,7 @@ impl RunArgs {
                 let path = path.to_path_buf();
                 return Err(RunArgsError::RestoreAndBoot { path, key });
             }
-            let boot_options = [
-                ("kernel", self.kernel.is_some()),
-                ("initrd", self.initrd.is_some()),
-                ("cmdline", self.cmdline.is_some()),
-                ("print-cmdline", self.print_cmdline),
-            ];
-            if let Some(&(option, _)) = boot_options.iter().find(|(_, given)| *given) {
+            if let Some(option) = self.kernel_option() {
                 let path = path.to_path_buf();
                 return Err(RunArgsError::BootOptionWithFileRestore { path, option });
             }
