@@ -55,6 +55,12 @@ impl AcpiPm {
         self.ignored
     }
 
+    /// Counts an access to a block that shares these registers (PIIX4's,
+    /// `piix4_pm`) that reached none of its own.
+    pub fn note_ignored(&mut self) {
+        self.ignored += 1;
+    }
+
     /// The 16-bit register an access of `len` bytes at `offset` lands in,
     /// and the byte in it; `None` (counted) if it crosses a register.
     fn register(&mut self, offset: u64, len: usize) -> Option<(u64, usize)> {

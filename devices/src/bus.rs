@@ -2,6 +2,10 @@
 //!
 //! The bus is built once before the vCPUs start and is read-only afterwards,
 //! so vCPU threads share it without a lock; each device carries its own lock.
+//! Besides fixed ranges it holds movable devices ([`MovableDevice`]): ones
+//! whose range the guest programs (a PCI function's I/O base register).
+//! They answer only accesses no fixed range claims, wherever their range
+//! is at that moment.
 
 use std::sync::{Arc, Mutex};
 
@@ -11,6 +15,14 @@ pub trait BusDevice: Send {
     fn read(&mut self, offset: u64, data: &mut [u8]);
     /// A guest write of `data` at `offset`.
     fn write(&mut self, offset: u64, data: &[u8]);
+}
+
+/// A device whose port range the guest moves (through its PCI
+/// configuration space, say). `offset` in its [`BusDevice`] accesses is
+/// relative to the start of the range it names now.
+pub trait MovableDevice: BusDevice {
+    /// The range it decodes now (base, length), if any.
+    fn range(&self) -> Option<(u64, u64)>;
 }
 
 /// Errors from building the bus.
@@ -39,6 +51,7 @@ struct Entry {
 #[derive(Default)]
 pub struct Bus {
     entries: Vec<Entry>,
+    movable: Vec<Arc<Mutex<dyn MovableDevice>>>,
 }
 
 impl Bus {
@@ -70,6 +83,11 @@ impl Bus {
         Ok(())
     }
 
+    /// Adds a device whose range moves (see [`MovableDevice`]).
+    pub fn insert_movable(&mut self, device: Arc<Mutex<dyn MovableDevice>>) {
+        self.movable.push(device);
+    }
+
     fn find(&self, addr: u64) -> Option<(&Entry, u64)> {
         let idx = self.entries.partition_point(|e| e.base <= addr);
         let e = self.entries.get(idx.checked_sub(1)?)?;
@@ -77,27 +95,36 @@ impl Bus {
         (offset < e.len).then_some((e, offset))
     }
 
+    /// Runs `access` on the device that claims `addr` (a fixed range first,
+    /// then a movable device's current range) with the offset in it; false
+    /// if none does.
+    fn dispatch(&self, addr: u64, access: impl FnOnce(&mut dyn BusDevice, u64)) -> bool {
+        if let Some((e, offset)) = self.find(addr) {
+            access(&mut *lock(&e.device), offset);
+            return true;
+        }
+        for m in &self.movable {
+            let mut d = lock(m);
+            let Some((base, len)) = d.range() else {
+                continue;
+            };
+            if let Some(offset) = addr.checked_sub(base).filter(|&o| o < len) {
+                access(&mut *d, offset);
+                return true;
+            }
+        }
+        false
+    }
+
     /// Dispatches a read. Returns false when no device claims `addr`; the
     /// caller then answers with all ones, like an empty ISA bus.
     pub fn read(&self, addr: u64, data: &mut [u8]) -> bool {
-        match self.find(addr) {
-            Some((e, offset)) => {
-                lock(&e.device).read(offset, data);
-                true
-            }
-            None => false,
-        }
+        self.dispatch(addr, |d, offset| d.read(offset, data))
     }
 
     /// Dispatches a write. Returns false when no device claims `addr`.
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
-        match self.find(addr) {
-            Some((e, offset)) => {
-                lock(&e.device).write(offset, data);
-                true
-            }
-            None => false,
-        }
+        self.dispatch(addr, |d, offset| d.write(offset, data))
     }
 }
 
@@ -147,5 +174,42 @@ mod tests {
         assert!(!bus.read(0x3f7, &mut b));
         assert!(!bus.read(u64::MAX, &mut b));
         assert_eq!(a.lock().unwrap().0, vec![(0, vec![7])]);
+    }
+
+    struct Moving(Option<(u64, u64)>, Recorder);
+    impl BusDevice for Moving {
+        fn read(&mut self, offset: u64, data: &mut [u8]) {
+            self.1.read(offset, data)
+        }
+        fn write(&mut self, offset: u64, data: &[u8]) {
+            self.1.write(offset, data)
+        }
+    }
+    impl MovableDevice for Moving {
+        fn range(&self) -> Option<(u64, u64)> {
+            self.0
+        }
+    }
+
+    #[test]
+    fn movable_devices_answer_where_they_are_after_fixed_ranges() {
+        let mut bus = Bus::new();
+        bus.insert(Arc::new(Mutex::new(Recorder(vec![]))), 0x600, 8)
+            .unwrap();
+        let m = Arc::new(Mutex::new(Moving(None, Recorder(vec![]))));
+        bus.insert_movable(m.clone());
+        let mut b = [0u8; 1];
+        assert!(!bus.read(0xb008, &mut b));
+        m.lock().unwrap().0 = Some((0xb000, 0x40));
+        assert!(bus.read(0xb008, &mut b));
+        assert_eq!(b[0], 8);
+        assert!(!bus.read(0xb040, &mut b));
+        // A fixed range wins where the two overlap.
+        m.lock().unwrap().0 = Some((0x600, 0x40));
+        assert!(bus.write(0x604, &[1]));
+        assert!(bus.write(0x610, &[2]));
+        assert_eq!(m.lock().unwrap().1 .0, vec![(0x10, vec![2])]);
+        m.lock().unwrap().0 = Some((u64::MAX, 0x40));
+        assert!(!bus.read(0, &mut b));
     }
 }

@@ -10,11 +10,12 @@ pub mod bus;
 pub mod fw_cfg;
 pub mod i8042;
 pub mod pci;
+pub mod piix4_pm;
 pub mod rtc;
 pub mod serial;
 pub mod virtio;
 
-pub use bus::{Bus, BusDevice, BusError};
+pub use bus::{Bus, BusDevice, BusError, MovableDevice};
 
 /// Guest memory, as the VMM and every device see it: anonymous mappings
 /// with a dirty bitmap per region (vm-memory's `AtomicBitmap`, one bit per

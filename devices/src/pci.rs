@@ -40,17 +40,21 @@ const ENABLE: u32 = 1 << 31;
 /// function, register (bits 30:24 and 1:0 read as zero).
 const ADDRESS_BITS: u32 = ENABLE | 0x00ff_fffc;
 const SLOTS: usize = 32;
+const FUNCTIONS: usize = 8;
+/// Where the chipset's power-management function sits (PIIX4's 00:01.3):
+/// a saved bus without it (from before it existed) still restores.
+pub const PM_FUNCTION: (u8, u8) = (1, 3);
 
 /// A saved bus state that is not one of this bus.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PciStateError {
     /// Other slots hold functions.
-    #[error("PCI functions in slots {theirs:?}, this bus has {ours:?}")]
+    #[error("PCI functions (slot, function) {theirs:?}, this bus has {ours:?}")]
     Slots {
-        /// The saved state's slots.
-        theirs: Vec<u8>,
+        /// The saved state's functions.
+        theirs: Vec<(u8, u8)>,
         /// This bus's.
-        ours: Vec<u8>,
+        ours: Vec<(u8, u8)>,
     },
     /// A configuration space of another size than 256 bytes.
     #[error("PCI slot {slot}: {len} bytes of configuration space, not {CONFIG_BYTES}")]
@@ -254,7 +258,8 @@ pub enum PciBusError {
 /// Bus 0 and the two ports that reach it.
 pub struct PciBus {
     address: u32,
-    slots: Vec<Option<SharedFunction>>,
+    /// By device and function number (`slot * 8 + function`).
+    functions: Vec<Option<SharedFunction>>,
     bad_accesses: u64,
 }
 
@@ -267,29 +272,46 @@ impl Default for PciBus {
 impl PciBus {
     /// Bus 0 with the host bridge at 00:00.0.
     pub fn new() -> PciBus {
-        let mut slots: Vec<Option<SharedFunction>> = vec![None; SLOTS];
-        slots[0] = Some(Arc::new(Mutex::new(HostBridge(host_bridge()))));
+        let mut functions: Vec<Option<SharedFunction>> = vec![None; SLOTS * FUNCTIONS];
+        functions[0] = Some(Arc::new(Mutex::new(HostBridge(host_bridge()))));
         PciBus {
             address: 0,
-            slots,
+            functions,
             bad_accesses: 0,
         }
     }
 
-    /// Puts `function` in `slot` (1 to 31; 0 is the host bridge's).
+    /// Puts `function` in `slot` (1 to 31; 0 is the host bridge's) as its
+    /// function 0.
     pub fn add(&mut self, slot: u8, function: SharedFunction) -> Result<(), PciBusError> {
-        match self.slots.get_mut(usize::from(slot)) {
-            Some(s @ None) => {
-                *s = Some(function);
+        self.add_function(slot, 0, function)
+    }
+
+    /// Puts `f` at `slot`.`function`. A function other than 0 in a slot
+    /// whose function 0 is absent is reached by its address only: bus
+    /// scans (firmware's, Linux's) skip the slot, as on a real board.
+    pub fn add_function(
+        &mut self,
+        slot: u8,
+        function: u8,
+        f: SharedFunction,
+    ) -> Result<(), PciBusError> {
+        let at = usize::from(slot) * FUNCTIONS + usize::from(function);
+        match self.functions.get_mut(at) {
+            Some(s @ None) if usize::from(function) < FUNCTIONS => {
+                *s = Some(f);
                 Ok(())
             }
             _ => Err(PciBusError::SlotTaken(slot)),
         }
     }
 
-    /// The first free slot.
+    /// The first slot with no function in it.
     pub fn free_slot(&self) -> Option<u8> {
-        self.slots.iter().position(Option::is_none).map(|s| s as u8)
+        self.functions
+            .chunks(FUNCTIONS)
+            .position(|s| s.iter().all(Option::is_none))
+            .map(|s| s as u8)
     }
 
     /// Guest accesses that made no sense (answered with all ones, or
@@ -303,12 +325,13 @@ impl PciBus {
         PciState {
             address: self.address,
             functions: self
-                .slots
+                .functions
                 .iter()
                 .enumerate()
-                .filter_map(|(slot, f)| {
+                .filter_map(|(at, f)| {
                     f.as_ref().map(|f| PciFunctionState {
-                        slot: slot as u8,
+                        slot: (at / FUNCTIONS) as u8,
+                        function: (at % FUNCTIONS) as u8,
                         config: lock(f).config().bytes().to_vec(),
                     })
                 })
@@ -319,16 +342,25 @@ impl PciBus {
     /// Checks that `s` is a state of this bus (the same functions, each
     /// with a whole configuration space) without changing anything.
     pub fn check_state(&self, s: &PciState) -> Result<(), PciStateError> {
-        let ours: Vec<u8> = self.state().functions.iter().map(|f| f.slot).collect();
+        let ours: Vec<(u8, u8)> = self
+            .state()
+            .functions
+            .iter()
+            .map(|f| (f.slot, f.function))
+            .collect();
         Self::check_shape(s, &ours)
     }
 
-    /// Checks that `s` holds the functions of slots `ours` (in order), each
-    /// with a whole configuration space: a bus's shape, without the bus.
-    pub fn check_shape(s: &PciState, ours: &[u8]) -> Result<(), PciStateError> {
+    /// Checks that `s` holds the functions `ours` (slot, function; in
+    /// order), each with a whole configuration space: a bus's shape,
+    /// without the bus. A state without [`PM_FUNCTION`] is one of a bus
+    /// from before it, and fits.
+    pub fn check_shape(s: &PciState, ours: &[(u8, u8)]) -> Result<(), PciStateError> {
         let ours = ours.to_vec();
-        let theirs: Vec<u8> = s.functions.iter().map(|f| f.slot).collect();
-        if ours != theirs {
+        let theirs: Vec<(u8, u8)> = s.functions.iter().map(|f| (f.slot, f.function)).collect();
+        let ours_before_pm: Vec<(u8, u8)> =
+            ours.iter().copied().filter(|&f| f != PM_FUNCTION).collect();
+        if ours != theirs && ours_before_pm != theirs {
             return Err(PciStateError::Slots { theirs, ours });
         }
         match s.functions.iter().find(|f| f.config.len() != CONFIG_BYTES) {
@@ -351,7 +383,8 @@ impl PciBus {
                     len: f.config.len(),
                 }
             })?;
-            if let Some(Some(function)) = self.slots.get(usize::from(f.slot)) {
+            let at = usize::from(f.slot) * FUNCTIONS + usize::from(f.function);
+            if let Some(Some(function)) = self.functions.get(at) {
                 lock(function).restore_config(saved);
             }
         }
@@ -363,10 +396,11 @@ impl PciBus {
     fn addressed(&self) -> Option<(SharedFunction, usize)> {
         let a = self.address;
         let (bus, slot, function) = ((a >> 16) & 0xff, (a >> 11) & 0x1f, (a >> 8) & 7);
-        if a & ENABLE == 0 || bus != 0 || function != 0 {
+        if a & ENABLE == 0 || bus != 0 {
             return None;
         }
-        let f = self.slots.get(slot as usize)?.as_ref()?.clone();
+        let at = (slot * FUNCTIONS as u32 + function) as usize;
+        let f = self.functions.get(at)?.as_ref()?.clone();
         Some((f, (a & 0xfc) as usize))
     }
 
@@ -387,7 +421,7 @@ impl PciBus {
     /// The function whose BAR holds guest-physical `addr`, and the offset
     /// in the BAR.
     fn bar_target(&self, addr: u64, len: usize) -> Option<(SharedFunction, u64)> {
-        self.slots.iter().flatten().find_map(|f| {
+        self.functions.iter().flatten().find_map(|f| {
             let (base, size) = lock(f).decoded_bar()?;
             let off = addr.checked_sub(base)?;
             (off.checked_add(len as u64)? <= size).then(|| (f.clone(), off))

@@ -141,12 +141,16 @@ pub struct PciState {
     pub functions: Vec<PciFunctionState>,
 }
 
-/// One PCI function (function 0 of its slot).
+/// One PCI function.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PciFunctionState {
     /// Its device number on bus 0.
     pub slot: u8,
+    /// Its function number in the slot (absent for 0, as files before
+    /// multi-function slots have it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub function: u8,
     /// Its 256 bytes of configuration space (a restore takes only the bits the function
     /// lets a guest write).
     #[serde(with = "crate::hex")]
@@ -285,4 +289,8 @@ pub struct BlkState {
     pub acked_features: u64,
     /// The id string answered to `VIRTIO_BLK_T_GET_ID`.
     pub id: String,
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
 }

@@ -237,3 +237,127 @@ fn bad_images_and_options_are_refused() {
         "not a tandem snapshot",
     );
 }
+
+/// A 64 KiB image for the platform firmware leans on: it enters 32-bit
+/// protected mode, computes with the x87 (`1234 / 1000.0 * 4.0` = 4.936
+/// from integers and doubles in the image: FISTP rounds it to 5, FISTTP
+/// truncates it to 4, FCOMIP finds 4.0 below it and SETB gives 1) and
+/// prints `x541`; then it puts PIIX4's PM block at 0xB000 (00:01.3's PMBA
+/// and PMIOSE, through ports 0xCF8/0xCFC) and prints `T` each time the PM
+/// timer has counted 1,789,772 ticks (0.5 s at 3.579545 MHz), for good.
+/// Made with GNU as from the listing in the comments (offsets in the
+/// image; linear = 0xFFFF_0000 + offset).
+fn platform_image() -> Vec<u8> {
+    let mut img = vec![0u8; 64 << 10];
+    // Flat 4 GiB code (0x08) and data (0x10), their accessed bits set: the
+    // CPU would otherwise write them into the read-only image (this
+    // host's KVM spins on that write, as OVMF's own GDT avoids).
+    let gdt: [u64; 3] = [0, 0x00cf_9b00_0000_ffff, 0x00cf_9300_0000_ffff];
+    for (i, d) in gdt.iter().enumerate() {
+        img[0xf000 + 8 * i..0xf008 + 8 * i].copy_from_slice(&d.to_le_bytes());
+    }
+    // 0xf018: the GDT's descriptor (limit, base 0xFFFF_F000).
+    img[0xf018..0xf01e].copy_from_slice(&[0x17, 0x00, 0x00, 0xf0, 0xff, 0xff]);
+    img[0xf020..0xf024].copy_from_slice(&1234i32.to_le_bytes());
+    img[0xf028..0xf030].copy_from_slice(&1000f64.to_le_bytes());
+    img[0xf030..0xf038].copy_from_slice(&4f64.to_le_bytes());
+    let real: [u8; 24] = [
+        0xfa, //                               f040: cli
+        0x2e, 0x66, 0x0f, 0x01, 0x16, 0x18, 0xf0, // f041: lgdtl cs:[0xf018]
+        0x0f, 0x20, 0xc0, //                   f048: mov eax, cr0
+        0x0c, 0x01, //                         f04b: or al, 1 (PE)
+        0x0f, 0x22, 0xc0, //                   f04d: mov cr0, eax
+        0x66, 0xea, 0x80, 0xf0, 0xff, 0xff, 0x08, 0x00, // f050: jmp 0x08:0xfffff080
+    ];
+    img[0xf040..0xf058].copy_from_slice(&real);
+    let protected: &[u8] = &[
+        0x66, 0xb8, 0x10, 0x00, //             f080: mov ax, 0x10
+        0x8e, 0xd8, 0x8e, 0xc0, 0x8e, 0xd0, // f084: mov ds/es/ss, ax
+        0xbc, 0x00, 0x70, 0x00, 0x00, //       f08a: mov esp, 0x7000
+        0xdb, 0xe3, //                         f08f: fninit
+        0xdb, 0x05, 0x20, 0xf0, 0xff, 0xff, // f091: fild dword [0xfffff020] (the image)
+        0xdc, 0x35, 0x28, 0xf0, 0xff, 0xff, // f097: fdiv qword [0xfffff028]
+        0xdc, 0x0d, 0x30, 0xf0, 0xff, 0xff, // f09d: fmul qword [0xfffff030]
+        0xdd, 0x1d, 0x00, 0x06, 0x00, 0x00, // f0a3: fstp qword [0x600] (RAM)
+        0xdd, 0x05, 0x00, 0x06, 0x00, 0x00, // f0a9: fld qword [0x600]
+        0xdb, 0x1d, 0x10, 0x06, 0x00, 0x00, // f0af: fistp dword [0x610]
+        0xdd, 0x05, 0x00, 0x06, 0x00, 0x00, // f0b5: fld qword [0x600]
+        0xdb, 0x0d, 0x14, 0x06, 0x00, 0x00, // f0bb: fisttp dword [0x614]
+        0xdd, 0x05, 0x00, 0x06, 0x00, 0x00, // f0c1: fld qword [0x600]
+        0xdd, 0x05, 0x30, 0xf0, 0xff, 0xff, // f0c7: fld qword [0xfffff030]
+        0xdf, 0xf1, //                         f0cd: fcomip st, st(1)
+        0xdd, 0xd8, //                         f0cf: fstp st(0)
+        0x0f, 0x92, 0x05, 0x18, 0x06, 0x00, 0x00, // f0d1: setb [0x618]
+        0x66, 0xba, 0xf8, 0x03, //             f0d8: mov dx, 0x3f8
+        0xb0, 0x78, 0xee, //                   f0dc: mov al, 'x'; out dx, al
+        0xa0, 0x10, 0x06, 0x00, 0x00, //       f0df: mov al, [0x610]
+        0x04, 0x30, 0xee, //                   f0e4: add al, '0'; out dx, al
+        0xa0, 0x14, 0x06, 0x00, 0x00, //       f0e7: mov al, [0x614]
+        0x04, 0x30, 0xee, //                   f0ec: add al, '0'; out dx, al
+        0xa0, 0x18, 0x06, 0x00, 0x00, //       f0ef: mov al, [0x618]
+        0x04, 0x30, 0xee, //                   f0f4: add al, '0'; out dx, al
+        0xb0, 0x0d, 0xee, 0xb0, 0x0a, 0xee, // f0f7: CR, LF
+        0x66, 0xba, 0xf8, 0x0c, //             f0fd: mov dx, 0xcf8
+        0xb8, 0x40, 0x0b, 0x00, 0x80, 0xef, // f101: out dx, 0x80000b40 (00:01.3, PMBA)
+        0x66, 0xba, 0xfc, 0x0c, //             f107: mov dx, 0xcfc
+        0xb8, 0x00, 0xb0, 0x00, 0x00, 0xef, // f10b: out dx, 0xb000
+        0x66, 0xba, 0xf8, 0x0c, //             f111: mov dx, 0xcf8
+        0xb8, 0x80, 0x0b, 0x00, 0x80, 0xef, // f115: out dx, 0x80000b80 (PMREGMISC)
+        0x66, 0xba, 0xfc, 0x0c, //             f11b: mov dx, 0xcfc
+        0xb0, 0x01, 0xee, //                   f11f: out dx, 1 (PMIOSE)
+        0x66, 0xba, 0x08, 0xb0, //             f122: mov dx, 0xb008 (the PM timer)
+        0xed, 0x89, 0xc3, //                   f126: in eax, dx; mov ebx, eax
+        0xed, //                               f129: in eax, dx
+        0x29, 0xd8, //                         f12a: sub eax, ebx
+        0x25, 0xff, 0xff, 0xff, 0x00, //       f12c: and eax, 0xffffff
+        0x3d, 0x4c, 0x4f, 0x1b, 0x00, //       f131: cmp eax, 1789772
+        0x72, 0xf1, //                         f136: jb f129
+        0x66, 0xba, 0xf8, 0x03, //             f138: mov dx, 0x3f8
+        0xb0, 0x54, 0xee, //                   f13c: mov al, 'T'; out dx, al
+        0xb0, 0x0d, 0xee, 0xb0, 0x0a, 0xee, // f13f: CR, LF
+        0xeb, 0xdb, //                         f145: jmp f122
+    ];
+    img[0xf080..0xf080 + protected.len()].copy_from_slice(protected);
+    // 0xfff0: jmp near 0xf040 (relative to 0xfff3).
+    img[0xfff0..0xfff3].copy_from_slice(&[0xe9, 0x4d, 0xf0]);
+    img
+}
+
+#[test]
+fn firmware_computes_with_the_x87_and_counts_on_the_pm_timer() {
+    let fw = scratch("platform.fd", &platform_image());
+    let (api, snap) = (tmp("platform-api"), tmp("platform-snap"));
+    let mut vm = TestVm::start(&[
+        "--firmware",
+        s(&fw),
+        "--machine",
+        "pci",
+        "--mem",
+        "64M",
+        "--api-sock",
+        s(&api),
+    ]);
+    vm.remove_on_drop(snap.clone());
+    // On this host's KVM every one of those x87 instructions is tandem's
+    // to complete; elsewhere the CPU runs them. Either way: the same line.
+    vm.wait_for("x541\r\n", WAIT);
+    let printed = std::time::Instant::now();
+    vm.wait_for("T\r\n", WAIT);
+    let half = printed.elapsed();
+    assert!(
+        half >= Duration::from_millis(350),
+        "0.5 s of PM timer ticks took {half:?}"
+    );
+    let (code, m) = ctl(&api, &["metrics"]);
+    assert_eq!(code, 0, "{m}");
+    eprintln!("emulation: {}", m["metrics"]["emulation"]);
+    // The PM block's place (PMBA, PMIOSE) is in the saved state: the
+    // restored VM's timer answers at 0xB000, and its T's go on.
+    let (code, a) = ctl(&api, &["snapshot", s(&snap)]);
+    assert_eq!(code, 0, "{a}");
+    vm.kill();
+    let mut r = TestVm::start(&["--restore", s(&snap), "--firmware", s(&fw)]);
+    r.wait_for("T\r\n", WAIT);
+    r.wait_for("T\r\nT\r\n", WAIT);
+    r.kill();
+}

@@ -10,6 +10,7 @@
 //! | `0F 0B` | UD2         | inject #UD at RIP (BUG()/WARN() use it)           |
 //! | `9B`    | FWAIT       | RIP += 1 (no x87 exception can be pending)        |
 //! | `D9 /5`, `D9 /7`, `0F AE /2`, `0F AE /3` | FLDCW, FNSTCW, LDMXCSR, STMXCSR | the control register moved through `KVM_GET/SET_FPU` (`emulation_fpu`), RIP past it |
+//! | `D8`-`DF` | x87 loads, stores, arithmetic, compares (`x87`) | executed on the register file from `KVM_GET_FPU`, the memory operand read or written, `KVM_SET_FPU`, RIP past it |
 //!
 //! Anything else is fatal: the caller stops the VM with the registers and the
 //! instruction bytes in the message, never loops on it. On hosts with VT-x or
@@ -24,6 +25,8 @@ use devices::GuestMemoryMmap;
 
 use crate::boot::firmware::Firmware;
 use crate::emulation_fpu::{self, FpuInsn, FpuOp};
+use crate::emulation_modrm::{self, Decoded, Operand};
+use crate::x87::{self, X87};
 use kvm_bindings::{kvm_regs, kvm_sregs, KVM_INTERNAL_ERROR_EMULATION};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
@@ -41,6 +44,8 @@ pub static COMPLETED_UD2: AtomicU64 = AtomicU64::new(0);
 pub static COMPLETED_FWAIT: AtomicU64 = AtomicU64::new(0);
 /// FLDCW / FNSTCW / LDMXCSR / STMXCSR completions.
 pub static COMPLETED_FPU: AtomicU64 = AtomicU64::new(0);
+/// x87 arithmetic completions.
+pub static COMPLETED_X87: AtomicU64 = AtomicU64::new(0);
 const EFER_LMA: u64 = 1 << 10;
 /// MXCSR bits software may set (the rest raise #GP; kept clear here).
 const MXCSR_WRITABLE: u32 = 0xffff;
@@ -48,11 +53,12 @@ const MXCSR_WRITABLE: u32 = 0xffff;
 /// A one-line summary of the completions so far, for the log.
 pub fn summary() -> String {
     format!(
-        "instructions completed for the emulator: INT3 {}, UD2 {}, FWAIT {}, FPU control {}",
+        "instructions completed for the emulator: INT3 {}, UD2 {}, FWAIT {}, FPU control {}, x87 {}",
         COMPLETED_INT3.load(Ordering::Relaxed),
         COMPLETED_UD2.load(Ordering::Relaxed),
         COMPLETED_FWAIT.load(Ordering::Relaxed),
-        COMPLETED_FPU.load(Ordering::Relaxed)
+        COMPLETED_FPU.load(Ordering::Relaxed),
+        COMPLETED_X87.load(Ordering::Relaxed)
     )
 }
 
@@ -63,6 +69,7 @@ pub fn counts() -> serde_json::Value {
         "ud2": COMPLETED_UD2.load(Ordering::Relaxed),
         "fwait": COMPLETED_FWAIT.load(Ordering::Relaxed),
         "fpu_control": COMPLETED_FPU.load(Ordering::Relaxed),
+        "x87": COMPLETED_X87.load(Ordering::Relaxed),
     })
 }
 
@@ -84,12 +91,15 @@ pub enum Completion {
     Complete { advance: u64, inject: Option<u8> },
     /// Move an FPU control register from or to memory (`emulation_fpu`).
     Fpu(FpuInsn),
+    /// An x87 instruction (`x87`).
+    X87(x87::Op, Decoded),
     /// Not an instruction we complete.
     Unsupported,
 }
 
-/// Decides how to complete the instruction whose first bytes are `insn`.
-pub fn decide(insn: &[u8]) -> Completion {
+/// Decides how to complete the instruction whose first bytes are `insn`,
+/// in 64-bit code if `long`.
+pub fn decide(insn: &[u8], long: bool) -> Completion {
     match insn {
         [0xcc, ..] => Completion::Complete {
             advance: 1,
@@ -103,10 +113,20 @@ pub fn decide(insn: &[u8]) -> Completion {
             advance: 1,
             inject: None,
         },
-        _ => match emulation_fpu::decode(insn) {
-            Some(f) => Completion::Fpu(f),
-            None => Completion::Unsupported,
-        },
+        _ => {
+            if let Some(f) = emulation_fpu::decode(insn, long) {
+                return Completion::Fpu(f);
+            }
+            let Some(d) = emulation_modrm::decode(insn, long) else {
+                return Completion::Unsupported;
+            };
+            let escape = d.opcode[0];
+            let is_mem = matches!(d.operand, Operand::Mem(_));
+            match x87::decode(escape, d.modrm, is_mem) {
+                Some(op) if (0xd8..=0xdf).contains(&escape) => Completion::X87(op, d),
+                _ => Completion::Unsupported,
+            }
+        }
     }
 }
 
@@ -123,13 +143,15 @@ pub fn handle_internal_error(
     let mut regs = vcpu.get_regs()?;
     let sregs = vcpu.get_sregs()?;
     let insn = read_insn(vcpu, mem, rom, &sregs, regs.rip);
+    // 64-bit code: EFER.LMA and CS.L.
+    let long = sregs.efer & EFER_LMA != 0 && sregs.cs.l != 0;
     if suberror != KVM_INTERNAL_ERROR_EMULATION {
         return Err(EmulationError::NotEmulation {
             suberror,
             state: describe(&regs, &sregs, &insn),
         });
     }
-    match decide(&insn) {
+    match decide(&insn, long) {
         Completion::Complete { advance, inject } => {
             regs.rip = regs.rip.wrapping_add(advance);
             vcpu.set_regs(&regs)?;
@@ -156,9 +178,19 @@ pub fn handle_internal_error(
                     state: describe(&regs, &sregs, &insn),
                 });
             }
-            regs.rip = regs.rip.wrapping_add(f.len);
+            regs.rip = regs.rip.wrapping_add(f.decoded.len);
             vcpu.set_regs(&regs)?;
             COMPLETED_FPU.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        Completion::X87(op, d) => {
+            let before = regs;
+            if !complete_x87(vcpu, mem, rom, &mut regs, &sregs, &d, op)? {
+                return Err(EmulationError::Unsupported {
+                    state: describe(&before, &sregs, &insn),
+                });
+            }
+            COMPLETED_X87.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
         Completion::Unsupported => Err(EmulationError::Unsupported {
@@ -178,14 +210,9 @@ fn complete_fpu(
     sregs: &kvm_sregs,
     f: &FpuInsn,
 ) -> Result<bool, EmulationError> {
-    // 64-bit code: EFER.LMA and CS.L.
-    let long = sregs.efer & EFER_LMA != 0 && sregs.cs.l != 0;
-    // 16-bit code (CS.D clear) addresses through other ModRM forms
-    // ([bx+si], disp16): not decoded here.
-    if !long && sregs.cs.db == 0 {
+    let Some(linear) = operand_address(&f.decoded, regs, sregs) else {
         return Ok(false);
-    }
-    let linear = emulation_fpu::address(f, regs, sregs, long);
+    };
     let width = f.op.width();
     let mut fpu = vcpu.get_fpu()?;
     let mut value = [0u8; 4];
@@ -212,6 +239,77 @@ fn complete_fpu(
             }
         }
     }
+    Ok(true)
+}
+
+/// The linear address of `d`'s memory operand; None for a register
+/// operand or 16-bit code (CS.D clear: `[bx+si]`, disp16, not decoded).
+fn operand_address(d: &Decoded, regs: &kvm_regs, sregs: &kvm_sregs) -> Option<u64> {
+    let long = sregs.efer & EFER_LMA != 0 && sregs.cs.l != 0;
+    if !long && sregs.cs.db == 0 {
+        return None;
+    }
+    match d.operand {
+        Operand::Mem(m) => Some(emulation_modrm::address(d, &m, regs, sregs, long)),
+        Operand::Reg(_) => None,
+    }
+}
+
+/// Runs x87 instruction `op` (decoded as `d`): reads its memory operand,
+/// executes it on the register file, writes the stored value, then the
+/// register file, RFLAGS/AX and RIP. False (and nothing changed) if an
+/// operand cannot be read or written or `x87` refuses it (an unmasked
+/// exception).
+fn complete_x87(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    rom: Option<&Firmware>,
+    regs: &mut kvm_regs,
+    sregs: &kvm_sregs,
+    d: &Decoded,
+    op: x87::Op,
+) -> Result<bool, EmulationError> {
+    let linear = operand_address(d, regs, sregs);
+    let mut input = [0u8; 10];
+    let n = op.reads().map_or(0, x87::MemKind::width);
+    if n > 0 {
+        match linear {
+            Some(a) if read_guest(vcpu, mem, rom, a, &mut input[..n]) == n => {}
+            _ => return Ok(false),
+        }
+    }
+    let mut fpu = vcpu.get_fpu()?;
+    let mut x = X87 {
+        st: [[0; 10]; 8],
+        fcw: fpu.fcw,
+        fsw: fpu.fsw,
+        ftw: fpu.ftwx,
+    };
+    for (st, fpr) in x.st.iter_mut().zip(fpu.fpr.iter()) {
+        st.copy_from_slice(&fpr[..10]);
+    }
+    let Some(fx) = x87::execute(&mut x, op, &input[..n], regs.rflags) else {
+        return Ok(false);
+    };
+    if let Some(bytes) = &fx.store {
+        match linear {
+            Some(a) if write_guest(vcpu, mem, a, bytes) => {}
+            _ => return Ok(false),
+        }
+    }
+    for (fpr, st) in fpu.fpr.iter_mut().zip(x.st.iter()) {
+        fpr[..10].copy_from_slice(st);
+    }
+    (fpu.fcw, fpu.fsw, fpu.ftwx) = (x.fcw, x.fsw, x.ftw);
+    vcpu.set_fpu(&fpu)?;
+    if let Some(f) = fx.rflags {
+        regs.rflags = f;
+    }
+    if let Some(ax) = fx.ax {
+        regs.rax = (regs.rax & !0xffff) | u64::from(ax);
+    }
+    regs.rip = regs.rip.wrapping_add(d.len);
+    vcpu.set_regs(regs)?;
     Ok(true)
 }
 
@@ -333,24 +431,28 @@ pub fn describe(regs: &kvm_regs, sregs: &kvm_sregs, insn: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn decide_64(insn: &[u8]) -> Completion {
+        decide(insn, true)
+    }
+
     #[test]
     fn decides_each_known_instruction_and_refuses_the_rest() {
         assert_eq!(
-            decide(&[0xcc, 0x90]),
+            decide_64(&[0xcc, 0x90]),
             Completion::Complete {
                 advance: 1,
                 inject: Some(BP_VECTOR)
             }
         );
         assert_eq!(
-            decide(&[0x0f, 0x0b]),
+            decide_64(&[0x0f, 0x0b]),
             Completion::Complete {
                 advance: 0,
                 inject: Some(UD_VECTOR)
             }
         );
         assert_eq!(
-            decide(&[0x9b]),
+            decide_64(&[0x9b]),
             Completion::Complete {
                 advance: 1,
                 inject: None
@@ -358,13 +460,32 @@ mod tests {
         );
         // The FPU control moves (forms in emulation_fpu's tests).
         assert!(matches!(
-            decide(&[0x0f, 0xae, 0x59, 0x50]),
+            decide_64(&[0x0f, 0xae, 0x59, 0x50]),
             Completion::Fpu(_)
         ));
-        assert_eq!(decide(&[0x0f, 0xae, 0x14, 0x24]), Completion::Unsupported);
-        assert_eq!(decide(&[0x0f]), Completion::Unsupported);
-        assert_eq!(decide(&[]), Completion::Unsupported);
-        assert_eq!(decide(&[0xf3, 0x0f, 0xb8, 0xc0]), Completion::Unsupported);
+        assert!(matches!(
+            decide_64(&[0x0f, 0xae, 0x14, 0x24]),
+            Completion::Fpu(_)
+        ));
+        // x87 arithmetic: fild dword [rsp+0xc]; fstp qword [rbp-0x18].
+        assert!(matches!(
+            decide_64(&[0xdb, 0x44, 0x24, 0x0c]),
+            Completion::X87(x87::Op::Load(_), _)
+        ));
+        assert!(matches!(
+            decide_64(&[0xdd, 0x5d, 0xe8]),
+            Completion::X87(x87::Op::Store { .. }, _)
+        ));
+        // Not completed: fsin, fxsave (0F AE /0), an ordinary opcode.
+        assert_eq!(decide_64(&[0xd9, 0xfe]), Completion::Unsupported);
+        assert_eq!(decide_64(&[0x0f, 0xae, 0x00]), Completion::Unsupported);
+        assert_eq!(decide_64(&[0x89, 0x04, 0x24]), Completion::Unsupported);
+        assert_eq!(decide_64(&[0x0f]), Completion::Unsupported);
+        assert_eq!(decide_64(&[]), Completion::Unsupported);
+        assert_eq!(
+            decide_64(&[0xf3, 0x0f, 0xb8, 0xc0]),
+            Completion::Unsupported
+        );
     }
 
     #[test]

@@ -488,9 +488,19 @@ impl<R: Read + Seek> Loader<R> {
         let dev = section::device(PCI_ID);
         match self.state::<DeviceState>(&dev)? {
             DeviceState::Pci(s) => {
-                let slots: Vec<u8> = std::iter::once(0)
-                    .chain(saved.devices.iter().filter_map(DeviceConfig::pci_slot))
+                // The host bridge, the PM function, then the virtio
+                // functions (each function 0 of its slot), in bus order.
+                let mut slots: Vec<(u8, u8)> = [(0, 0), devices::pci::PM_FUNCTION]
+                    .into_iter()
+                    .chain(
+                        saved
+                            .devices
+                            .iter()
+                            .filter_map(DeviceConfig::pci_slot)
+                            .map(|s| (s, 0)),
+                    )
                     .collect();
+                slots.sort_unstable();
                 devices::pci::PciBus::check_shape(&s, &slots)
                     .map(|()| Some(s))
                     .map_err(|e| self.invalid(format!("section {dev}: {e}")))

@@ -46,9 +46,10 @@ impl PciEcam {
             bus.bad_accesses += 1;
             return Target::Nothing;
         }
-        let (slot, function) = ((offset >> 15) & 0x1f, (offset >> 12) & 7);
-        let f = match bus.slots.get(slot as usize) {
-            Some(Some(f)) if function == 0 => f.clone(),
+        // Device and function: the bus's index, `slot * 8 + function`.
+        let devfn = ((offset >> 12) & 0xff) as usize;
+        let f = match bus.functions.get(devfn) {
+            Some(Some(f)) => f.clone(),
             _ => return Target::Nothing,
         };
         if reg < CONFIG_BYTES {
@@ -100,6 +101,13 @@ mod tests {
         let mut class = [0u8; 1];
         e.read(0xb, &mut class);
         assert_eq!(class[0], 0x06);
+        // A function other than 0: 00:01.3 at 1 << 15 | 3 << 12.
+        let pm = crate::pci::ConfigSpace::new(0x8086, 0x7113, 3, [6, 0x80, 0]);
+        lock(&bus)
+            .add_function(1, 3, Arc::new(Mutex::new(super::super::HostBridge(pm))))
+            .unwrap();
+        e.read(1 << 15 | 3 << 12, &mut id);
+        assert_eq!(u32::from_le_bytes(id), 0x7113_8086);
     }
 
     #[test]

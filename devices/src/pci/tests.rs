@@ -112,10 +112,51 @@ fn state_restores_the_writable_bits_only() {
     let mut other = s.clone();
     other.functions[0].slot = 3;
     let e = fresh.restore(&other).unwrap_err();
-    assert!(e.to_string().contains("slots [3]"), "{e}");
+    assert!(e.to_string().contains("[(3, 0)]"), "{e}");
     let none = PciState {
         address: 0,
         functions: vec![],
     };
     assert!(fresh.restore(&none).is_err());
+}
+
+#[test]
+fn other_functions_of_a_slot_are_reached_by_address() {
+    let mut bus = PciBus::new();
+    let f = Arc::new(Mutex::new(HostBridge(ConfigSpace::new(
+        0x8086,
+        0x7113,
+        3,
+        [6, 0x80, 0],
+    ))));
+    let (slot, function) = PM_FUNCTION;
+    bus.add_function(slot, function, f).unwrap();
+    // 00:01.3 through CONFIG_ADDRESS; 00:01.0 is absent.
+    let at = |reg: u32| (ENABLE | 1 << 11 | 3 << 8 | reg).to_le_bytes();
+    bus.write(0, &at(0));
+    let mut b = [0u8; 4];
+    bus.read(4, &mut b);
+    assert_eq!(u32::from_le_bytes(b), 0x7113_8086);
+    assert_eq!(read32(&mut bus, 1, 0), 0xffff_ffff);
+    // A slot with any function in it is not free.
+    assert_eq!(bus.free_slot(), Some(2));
+    assert!(bus
+        .add_function(1, 8, Arc::new(Mutex::new(HostBridge(host_bridge()))))
+        .is_err());
+    // Its state names the function, and a state without it (a bus from
+    // before the PM function) still fits.
+    let s = bus.state();
+    assert_eq!(
+        s.functions
+            .iter()
+            .map(|f| (f.slot, f.function))
+            .collect::<Vec<_>>(),
+        vec![(0, 0), PM_FUNCTION]
+    );
+    let mut old = s.clone();
+    old.functions.pop();
+    bus.restore(&old).unwrap();
+    let mut wrong = s.clone();
+    wrong.functions[1].function = 2;
+    assert!(bus.restore(&wrong).is_err());
 }

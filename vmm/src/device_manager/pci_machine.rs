@@ -1,5 +1,7 @@
 //! What a PCI machine adds to the buses: PCI bus 0 (ports 0xCF8/0xCFC,
-//! the BAR window and ECAM on the MMIO bus) and the ACPI PM1a block.
+//! the BAR window and ECAM on the MMIO bus), the ACPI PM1a block, and
+//! PIIX4's power-management function at 00:01.3 (its I/O block, with the
+//! PM timer, wherever the guest puts it).
 //!
 //! Run once on the VMM thread while [`super::DeviceManager`] builds the
 //! buses; it must never run on a legacy machine (its guest has no ACPI
@@ -8,7 +10,10 @@
 use std::sync::{Arc, Mutex};
 
 use devices::acpi_pm::{AcpiPm, ACPI_PM_PORT, ACPI_PM_PORTS};
-use devices::pci::{PciBus, PciEcam, PciWindow, ECAM_BUS_BYTES, PCI_CONFIG_PORT, PCI_CONFIG_PORTS};
+use devices::pci::{
+    PciBus, PciEcam, PciWindow, ECAM_BUS_BYTES, PCI_CONFIG_PORT, PCI_CONFIG_PORTS, PM_FUNCTION,
+};
+use devices::piix4_pm::Piix4Pm;
 use devices::Bus;
 
 use super::{AcpiPmPort, DeviceError, PciPort};
@@ -32,6 +37,15 @@ pub(super) fn attach(
         on_power_off.signal(VmExit::PowerOff);
     }))));
     pio.insert(pm.clone(), ACPI_PM_PORT, ACPI_PM_PORTS)?;
+    let pm_function = Arc::new(Mutex::new(Piix4Pm::new(pm.clone())));
+    let (slot, function) = PM_FUNCTION;
+    devices::bus::lock(&bus)
+        .add_function(slot, function, pm_function.clone())
+        .map_err(|source| DeviceError::PciSlot {
+            id: "PIIX4 PM (00:01.3)".into(),
+            source,
+        })?;
+    pio.insert_movable(pm_function);
     let window = PciWindow::new(bus.clone(), layout::PCI_MMIO_START);
     mmio.insert(
         Arc::new(Mutex::new(window)),
