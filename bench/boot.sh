@@ -6,14 +6,20 @@
 # the bzImage of the same kernel (it needs a PVH note to load a vmlinux);
 # `--tandem-bzimage` also times tandem on the bzImage; `--pci` also boots a
 # PCI machine with ACPI: tandem `--machine pci` vs QEMU `-M pc` (TCG, its
-# SeaBIOS, PCI and ACPI; i440FX like tandem's).
+# SeaBIOS, PCI and ACPI; i440FX like tandem's); `--firmware OVMF.fd` also
+# boots through that UEFI image: tandem `--firmware --machine pci --kernel
+# bzImage-efi` vs QEMU `-M pc -bios` (TCG), both loading the same kernel
+# with an EFI stub (built here: resources/build-guest.sh --efi), initramfs
+# and command line through fw_cfg (its rows may take --firmware-timeout
+# seconds, default 1200).
 #
 # `--before REV` adds a row for tandem as it was at git revision REV, on the
 # default guest REV built (its own kernel config, initramfs and command
 # line): the tree at REV is checked out in a temporary directory, its guest
 # built by its own resources/build-guest.sh (cached in ~/.cache/tandem like
 # ours) and its tandem by cargo; all rows run interleaved in one run.
-# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--pci] [--before REV]
+# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--pci] [--firmware OVMF_FD]
+#                      [--firmware-timeout S] [--before REV]
 source "$(dirname "$0")/common.sh"
 args=()
 before=()
@@ -31,6 +37,11 @@ while [ $# -gt 0 ]; do
             before=(--before "$(git rev-parse --short "$rev")" "$tree/target/release/tandem"
                 "$tree/target/guest/vmlinux" "$tree/target/guest/initramfs.cpio"
                 "$("$tree/target/release/tandem" run --print-cmdline)")
+            ;;
+        --firmware)
+            resources/build-guest.sh --no-deps --efi >&2
+            args+=("$1" "${2:?--firmware needs an image}" --firmware-bzimage target/guest/bzImage-efi)
+            shift 2
             ;;
         *) args+=("$1"); shift ;;
     esac

@@ -88,6 +88,14 @@ def main():
                     help="QEMU with KVM stalls on this host: give up on it sooner")
     ap.add_argument("--pci", action="store_true",
                     help="also boot a PCI machine with ACPI: tandem --machine pci vs QEMU -M pc (TCG)")
+    ap.add_argument("--firmware", metavar="OVMF_FD",
+                    help="also boot through UEFI firmware: tandem --firmware --machine pci vs "
+                         "QEMU -M pc -bios (TCG), the same image, each given the bzImage, "
+                         "initramfs and command line to load (fw_cfg)")
+    ap.add_argument("--firmware-bzimage",
+                    help="the kernel the firmware rows load (it needs an EFI stub)")
+    ap.add_argument("--firmware-timeout", type=float, default=1200,
+                    help="seconds a firmware row may take to reach ready")
     ap.add_argument("--tandem-bzimage", action="store_true",
                     help="also time tandem booting the bzImage")
     ap.add_argument("--before", nargs=5, metavar=("NAME", "TANDEM", "KERNEL", "INITRD", "CMDLINE"),
@@ -115,6 +123,17 @@ def main():
             args.qemu, "-M", "pc", "-accel", "tcg", "-m", mem, "-smp", "1",
             "-kernel", args.bzimage, "-initrd", args.initrd, "-append", args.cmdline,
             "-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot"]
+    if args.firmware:
+        efi = args.firmware_bzimage or args.bzimage
+        peers["tandem OVMF pci (KVM)"] = [
+            args.tandem, "run", "--firmware", args.firmware, "--machine", "pci",
+            "--kernel", efi, "--initrd", args.initrd, "--cmdline", args.cmdline,
+            "--mem", mem]
+        peers["QEMU pc OVMF (TCG)"] = [
+            args.qemu, "-M", "pc", "-accel", "tcg", "-bios", args.firmware, "-m", mem,
+            "-smp", "1", "-kernel", efi, "-initrd", args.initrd, "-append",
+            args.cmdline, "-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot",
+            "-net", "none"]
     if args.tandem_bzimage:
         peers["tandem bzImage (KVM)"] = [args.tandem, "run", "--kernel", args.bzimage, "--initrd",
                                          args.initrd, "--cmdline", args.cmdline, "--mem", mem]
@@ -122,6 +141,8 @@ def main():
     for i in range(args.runs):
         for name, cmd in peers.items():
             timeout = args.qemu_kvm_timeout if name == "QEMU microvm (KVM)" else args.timeout
+            if "OVMF" in name:
+                timeout = args.firmware_timeout
             ready, overhead, out = one_run(cmd, args.mem_mib * 1024, timeout)
             r = results[name]
             if ready is None:

@@ -15,8 +15,13 @@
 # patches, scripts, package versions), then linked into target/guest/.
 # Nothing built here is ever committed.
 #
-# Usage: resources/build-guest.sh [--no-deps]
+#   target/guest/bzImage-efi     with --efi: the kernel with an EFI stub as
+#                                well (resources/kernel/efi.config), for
+#                                boots through UEFI firmware
+#
+# Usage: resources/build-guest.sh [--no-deps] [--efi]
 #   --no-deps   do not apt-get install the build dependencies
+#   --efi       also build the EFI variant of the kernel
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -94,6 +99,20 @@ build_kernel() {
     publish "$dir/System.map" System.map
 }
 
+# The EFI variant: build_kernel on a kernel directory whose config is
+# tandem.config plus efi.config (so its own cache key), published as
+# bzImage-efi.
+build_efi_kernel() {
+    local tmp
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/kernel" "$tmp/out"
+    cat "$here/kernel/tandem.config" "$here/kernel/efi.config" >"$tmp/kernel/tandem.config"
+    cp "$here"/kernel/*.patch "$tmp/kernel/"
+    (here=$tmp out=$tmp/out && build_kernel)
+    publish "$(readlink -f "$tmp/out/bzImage")" bzImage-efi
+    rm -rf "$tmp"
+}
+
 build_initramfs() {
     local key file root
     key=$( (pkgver busybox-static; pkgver musl-tools; pkgver gcc; cat "$here/initramfs/init.c" "$here"/guest-tools/*.c "$here"/guest-tools/*.h;
@@ -138,13 +157,24 @@ build_initramfs() {
 }
 
 main() {
-    if [ "${1:-}" != --no-deps ]; then
+    local deps=1 efi=0
+    for a in "$@"; do
+        case "$a" in
+        --no-deps) deps=0 ;;
+        --efi) efi=1 ;;
+        *) log "unknown argument $a"; exit 2 ;;
+        esac
+    done
+    if [ "$deps" = 1 ]; then
         install_deps
     fi
     mkdir -p "$cache"
     build_initramfs
     "$here/build-rootfs.sh" --no-deps # target/guest/rootfs.ext4, the root disk image
     build_kernel
+    if [ "$efi" = 1 ]; then
+        build_efi_kernel
+    fi
     log "guest ready in $out"
 }
 

@@ -6,7 +6,9 @@
 //!
 //! Items: the signature `QEMU`, the interface ID (1: no DMA), RAM size,
 //! CPU count, and the file directory with `etc/e820` (the memory map) and
-//! `bootorder` (empty: the firmware's default order). Everything is
+//! `bootorder` (empty: the firmware's default order); with a kernel for
+//! the firmware to boot ([`KernelBlobs`]), QEMU's kernel, setup, initrd
+//! and command-line items, which OVMF's kernel loader reads. Everything is
 //! read-only and fixed when the VM is built; the guest's place in a read
 //! (item and offset) is state, saved in snapshots.
 //!
@@ -31,12 +33,31 @@ const ID: u16 = 0x0001;
 const RAM_SIZE: u16 = 0x0003;
 const NB_CPUS: u16 = 0x0005;
 const MAX_CPUS: u16 = 0x000f;
+const KERNEL_SIZE: u16 = 0x0008;
+const INITRD_SIZE: u16 = 0x000b;
+const KERNEL_DATA: u16 = 0x0011;
+const INITRD_DATA: u16 = 0x0012;
+const CMDLINE_SIZE: u16 = 0x0014;
+const CMDLINE_DATA: u16 = 0x0015;
+const SETUP_SIZE: u16 = 0x0017;
+const SETUP_DATA: u16 = 0x0018;
 const FILE_DIR: u16 = 0x0019;
 const FILE_FIRST: u16 = 0x0020;
 /// A file name's room in a directory entry, its NUL included.
 const FILE_NAME: usize = 56;
 /// `etc/e820`'s entry type for RAM.
 pub const E820_RAM: u32 = 1;
+
+/// A kernel for the firmware to load, split as QEMU splits a bzImage:
+/// its real-mode setup and the rest.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct KernelBlobs {
+    pub setup: Vec<u8>,
+    pub kernel: Vec<u8>,
+    pub initrd: Vec<u8>,
+    /// Without its NUL (added here).
+    pub cmdline: Vec<u8>,
+}
 
 /// The fw_cfg device and its items.
 pub struct FwCfg {
@@ -81,6 +102,26 @@ impl FwCfg {
             selected: SIGNATURE,
             offset: 0,
             bad_accesses: 0,
+        }
+    }
+
+    /// Offers `k` to the firmware: each part as a size item (32-bit) and a
+    /// data item. Parts larger than 4 GiB cannot be described and are not
+    /// offered.
+    pub fn set_kernel(&mut self, k: KernelBlobs) {
+        let mut cmdline = k.cmdline;
+        cmdline.push(0);
+        for (size, data, bytes) in [
+            (SETUP_SIZE, SETUP_DATA, k.setup),
+            (KERNEL_SIZE, KERNEL_DATA, k.kernel),
+            (INITRD_SIZE, INITRD_DATA, k.initrd),
+            (CMDLINE_SIZE, CMDLINE_DATA, cmdline),
+        ] {
+            let Ok(len) = u32::try_from(bytes.len()) else {
+                continue;
+            };
+            self.items.insert(size, len.to_le_bytes().to_vec());
+            self.items.insert(data, bytes);
         }
     }
 

@@ -229,7 +229,8 @@ fn bad_images_and_options_are_refused() {
     );
     let fw = scratch("ok.fd", &image(End::Reset));
     let fw = fw.to_str().unwrap();
-    refused(&["--firmware", fw, "--kernel", fw], 1, "--kernel");
+    // A kernel for the firmware to load must be a bzImage.
+    refused(&["--firmware", fw, "--kernel", fw], 1, "must be a bzImage");
     // With --restore, --firmware is taken: the file is no snapshot.
     refused(
         &["--firmware", fw, "--restore", fw],
@@ -242,7 +243,9 @@ fn bad_images_and_options_are_refused() {
 /// protected mode, computes with the x87 (`1234 / 1000.0 * 4.0` = 4.936
 /// from integers and doubles in the image: FISTP rounds it to 5, FISTTP
 /// truncates it to 4, FCOMIP finds 4.0 below it and SETB gives 1) and
-/// prints `x541`; then it puts PIIX4's PM block at 0xB000 (00:01.3's PMBA
+/// prints `x541`; then it prints fw_cfg's command-line item (what
+/// `--cmdline` gives a firmware that loads `--kernel`); then it puts
+/// PIIX4's PM block at 0xB000 (00:01.3's PMBA
 /// and PMIOSE, through ports 0xCF8/0xCFC) and prints `T` each time the PM
 /// timer has counted 1,789,772 ticks (0.5 s at 3.579545 MHz), for good.
 /// Made with GNU as from the listing in the comments (offsets in the
@@ -297,25 +300,35 @@ fn platform_image() -> Vec<u8> {
         0xa0, 0x18, 0x06, 0x00, 0x00, //       f0ef: mov al, [0x618]
         0x04, 0x30, 0xee, //                   f0f4: add al, '0'; out dx, al
         0xb0, 0x0d, 0xee, 0xb0, 0x0a, 0xee, // f0f7: CR, LF
-        0x66, 0xba, 0xf8, 0x0c, //             f0fd: mov dx, 0xcf8
-        0xb8, 0x40, 0x0b, 0x00, 0x80, 0xef, // f101: out dx, 0x80000b40 (00:01.3, PMBA)
-        0x66, 0xba, 0xfc, 0x0c, //             f107: mov dx, 0xcfc
-        0xb8, 0x00, 0xb0, 0x00, 0x00, 0xef, // f10b: out dx, 0xb000
-        0x66, 0xba, 0xf8, 0x0c, //             f111: mov dx, 0xcf8
-        0xb8, 0x80, 0x0b, 0x00, 0x80, 0xef, // f115: out dx, 0x80000b80 (PMREGMISC)
-        0x66, 0xba, 0xfc, 0x0c, //             f11b: mov dx, 0xcfc
-        0xb0, 0x01, 0xee, //                   f11f: out dx, 1 (PMIOSE)
-        0x66, 0xba, 0x08, 0xb0, //             f122: mov dx, 0xb008 (the PM timer)
-        0xed, 0x89, 0xc3, //                   f126: in eax, dx; mov ebx, eax
-        0xed, //                               f129: in eax, dx
-        0x29, 0xd8, //                         f12a: sub eax, ebx
-        0x25, 0xff, 0xff, 0xff, 0x00, //       f12c: and eax, 0xffffff
-        0x3d, 0x4c, 0x4f, 0x1b, 0x00, //       f131: cmp eax, 1789772
-        0x72, 0xf1, //                         f136: jb f129
-        0x66, 0xba, 0xf8, 0x03, //             f138: mov dx, 0x3f8
-        0xb0, 0x54, 0xee, //                   f13c: mov al, 'T'; out dx, al
-        0xb0, 0x0d, 0xee, 0xb0, 0x0a, 0xee, // f13f: CR, LF
-        0xeb, 0xdb, //                         f145: jmp f122
+        0x66, 0xba, 0x10, 0x05, //             f0fd: mov dx, 0x510 (fw_cfg selector)
+        0x66, 0xb8, 0x15, 0x00, 0x66, 0xef, // f101: out dx, 0x15 (the command line)
+        0x66, 0xba, 0x11, 0x05, //             f107: mov dx, 0x511 (fw_cfg data)
+        0xec, //                               f10b: in al, dx
+        0x84, 0xc0, 0x74, 0x0b, //             f10c: test al, al; jz f11b
+        0x66, 0xba, 0xf8, 0x03, 0xee, //       f110: out 0x3f8, al
+        0x66, 0xba, 0x11, 0x05, //             f115: mov dx, 0x511
+        0xeb, 0xf0, //                         f119: jmp f10b
+        0x66, 0xba, 0xf8, 0x03, //             f11b: mov dx, 0x3f8
+        0xb0, 0x0d, 0xee, 0xb0, 0x0a, 0xee, // f11f: CR, LF
+        0x66, 0xba, 0xf8, 0x0c, //             f125: mov dx, 0xcf8
+        0xb8, 0x40, 0x0b, 0x00, 0x80, 0xef, // f129: out dx, 0x80000b40 (00:01.3, PMBA)
+        0x66, 0xba, 0xfc, 0x0c, //             f12f: mov dx, 0xcfc
+        0xb8, 0x00, 0xb0, 0x00, 0x00, 0xef, // f133: out dx, 0xb000
+        0x66, 0xba, 0xf8, 0x0c, //             f139: mov dx, 0xcf8
+        0xb8, 0x80, 0x0b, 0x00, 0x80, 0xef, // f13d: out dx, 0x80000b80 (PMREGMISC)
+        0x66, 0xba, 0xfc, 0x0c, //             f143: mov dx, 0xcfc
+        0xb0, 0x01, 0xee, //                   f147: out dx, 1 (PMIOSE)
+        0x66, 0xba, 0x08, 0xb0, //             f14a: mov dx, 0xb008 (the PM timer)
+        0xed, 0x89, 0xc3, //                   f14e: in eax, dx; mov ebx, eax
+        0xed, //                               f151: in eax, dx
+        0x29, 0xd8, //                         f152: sub eax, ebx
+        0x25, 0xff, 0xff, 0xff, 0x00, //       f154: and eax, 0xffffff
+        0x3d, 0x4c, 0x4f, 0x1b, 0x00, //       f159: cmp eax, 1789772
+        0x72, 0xf1, //                         f15e: jb f151
+        0x66, 0xba, 0xf8, 0x03, //             f160: mov dx, 0x3f8
+        0xb0, 0x54, 0xee, //                   f164: mov al, 'T'; out dx, al
+        0xb0, 0x0d, 0xee, 0xb0, 0x0a, 0xee, // f167: CR, LF
+        0xeb, 0xdb, //                         f16d: jmp f14a
     ];
     img[0xf080..0xf080 + protected.len()].copy_from_slice(protected);
     // 0xfff0: jmp near 0xf040 (relative to 0xfff3).
@@ -324,12 +337,23 @@ fn platform_image() -> Vec<u8> {
 }
 
 #[test]
-fn firmware_computes_with_the_x87_and_counts_on_the_pm_timer() {
+fn firmware_computes_with_the_x87_reads_fw_cfg_and_counts_on_the_pm_timer() {
     let fw = scratch("platform.fd", &platform_image());
+    // A kernel for the firmware to load through fw_cfg: only its boot
+    // header matters to tandem (it splits the setup off); this firmware
+    // reads the command line item.
+    let mut bz = vec![0u8; 8192];
+    bz[0x1f1] = 1;
+    bz[0x202..0x206].copy_from_slice(b"HdrS");
+    let kernel = scratch("bzImage", &bz);
     let (api, snap) = (tmp("platform-api"), tmp("platform-snap"));
     let mut vm = TestVm::start(&[
         "--firmware",
         s(&fw),
+        "--kernel",
+        s(&kernel),
+        "--cmdline",
+        "tandem-fw-cfg-cmdline",
         "--machine",
         "pci",
         "--mem",
@@ -341,6 +365,10 @@ fn firmware_computes_with_the_x87_and_counts_on_the_pm_timer() {
     // On this host's KVM every one of those x87 instructions is tandem's
     // to complete; elsewhere the CPU runs them. Either way: the same line.
     vm.wait_for("x541\r\n", WAIT);
+    // The command line as tandem gives it: the user's, then what this
+    // host's KVM needs.
+    vm.wait_for("tandem-fw-cfg-cmdline", WAIT);
+    vm.wait_for("\r\n", WAIT);
     let printed = std::time::Instant::now();
     vm.wait_for("T\r\n", WAIT);
     let half = printed.elapsed();

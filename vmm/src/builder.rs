@@ -127,6 +127,17 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         None => None,
     };
     manifest.firmware = firmware.as_ref().map(|f| f.id().clone());
+    // A firmware boot given a kernel offers it through fw_cfg, as QEMU's
+    // -kernel does for its firmware.
+    if matches!(start, Start::Boot) && firmware.is_some() && !cfg.kernel.as_os_str().is_empty() {
+        let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
+        log::info!(
+            "kernel for the firmware to load: {}; command line: {cmdline}",
+            cfg.kernel.display()
+        );
+        let blobs = boot::fw_kernel::blobs(&cfg.kernel, cfg.initrd.as_deref(), &cmdline)?;
+        devices::bus::lock(&devices.fw_cfg).set_kernel(blobs);
+    }
     // A firmware boot leaves the boot vCPU at the reset vector.
     let entry = match start {
         Start::Boot if firmware.is_none() => Some(load_kernel(cfg, host, &announce, ram.mem())?),

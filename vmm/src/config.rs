@@ -438,7 +438,8 @@ pub enum Machine {
 #[derive(Debug, Clone)]
 pub struct VmConfig {
     /// `--firmware`: boot this image from the reset vector instead of
-    /// loading `kernel` (which is then unused).
+    /// loading `kernel`, which (with `initrd` and `cmdline`), unless empty,
+    /// the firmware loads through fw_cfg.
     pub firmware: Option<PathBuf>,
     pub kernel: PathBuf,
     pub initrd: Option<PathBuf>,

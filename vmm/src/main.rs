@@ -488,7 +488,8 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
         Err(code) => return code,
     };
     let (kernel, initrd) = match (&args.firmware, args.kernel.clone()) {
-        (Some(_), _) => (PathBuf::new(), None),
+        (Some(_), Some(k)) => (k, args.initrd.clone()),
+        (Some(_), None) => (PathBuf::new(), None),
         (None, Some(k)) => (k, args.initrd.clone()),
         (None, None) => match config::default_guest() {
             Ok((k, i)) => (k, Some(args.initrd.clone().unwrap_or(i))),

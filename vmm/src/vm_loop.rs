@@ -50,6 +50,8 @@ pub enum VmError {
     #[error(transparent)]
     Firmware(#[from] boot::firmware::FirmwareError),
     #[error(transparent)]
+    FirmwareKernel(#[from] boot::fw_kernel::FwKernelError),
+    #[error(transparent)]
     Cpu(#[from] cpu::CpuError),
     #[error(transparent)]
     Cpuid(#[from] cpuid::CpuidError),

@@ -105,3 +105,32 @@ fn a_restored_read_goes_on_where_it_was() {
     });
     assert_eq!(read(&mut g, 2), [0, 0]);
 }
+
+#[test]
+fn a_kernel_for_the_firmware_is_offered_in_qemus_items() {
+    let mut f = two_ranges();
+    select(&mut f, KERNEL_SIZE);
+    assert_eq!(read(&mut f, 4), [0; 4]);
+    f.set_kernel(KernelBlobs {
+        setup: vec![1; 1024],
+        kernel: vec![2; 3000],
+        initrd: vec![3; 5],
+        cmdline: b"console=ttyS0".to_vec(),
+    });
+    for (size, data, len, first) in [
+        (SETUP_SIZE, SETUP_DATA, 1024u32, 1u8),
+        (KERNEL_SIZE, KERNEL_DATA, 3000, 2),
+        (INITRD_SIZE, INITRD_DATA, 5, 3),
+    ] {
+        select(&mut f, size);
+        assert_eq!(read(&mut f, 4), len.to_le_bytes());
+        select(&mut f, data);
+        let d = read(&mut f, len as usize + 1);
+        assert!(d[..len as usize].iter().all(|&b| b == first));
+        assert_eq!(d[len as usize], 0);
+    }
+    select(&mut f, CMDLINE_SIZE);
+    assert_eq!(read(&mut f, 4), 14u32.to_le_bytes());
+    select(&mut f, CMDLINE_DATA);
+    assert_eq!(read(&mut f, 14), b"console=ttyS0\0");
+}

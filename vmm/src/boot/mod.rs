@@ -6,6 +6,7 @@
 pub mod acpi;
 pub mod cpu;
 pub mod firmware;
+pub mod fw_kernel;
 pub mod layout;
 pub mod mptable;
 

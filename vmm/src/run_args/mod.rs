@@ -68,8 +68,13 @@ pub enum RunArgsError {
     BootOptionWithFileRestore { path: PathBuf, option: &'static str },
     #[error("--guest-profile-hz needs --guest-profile")]
     HzWithoutProfile,
-    #[error("--firmware boots what the firmware loads: not with --{0}")]
-    FirmwareAndKernel(&'static str),
+    #[error(
+        "--firmware with --{0} needs --kernel: the firmware loads that kernel (a bzImage) \
+         with its initrd and command line"
+    )]
+    FirmwareWithoutKernel(&'static str),
+    #[error("--firmware: not with --print-cmdline (the firmware is given the command line)")]
+    FirmwarePrintCmdline,
     #[error(
         "--firmware: a VM booted from firmware cannot be a COLO secondary yet (not with --colo)"
     )]
@@ -112,14 +117,15 @@ pub struct RunArgs {
     /// (e.g. Debian's OVMF.fd from the ovmf package), whole 4 KiB pages, at
     /// most 16 MiB. It is mapped read-only so that it ends at 4 GiB, and the
     /// first vCPU starts at the reset vector (0xFFFFFFF0) in real mode, as
-    /// after a power-on. Not with --kernel, --initrd or --cmdline (the
-    /// firmware loads what it boots). The image is not part of a snapshot
+    /// after a power-on. With --kernel (a bzImage), --initrd and --cmdline,
+    /// the firmware is offered them through fw_cfg, as with QEMU's -kernel
+    /// (OVMF boots them); without, it boots what it finds. The image is not part of a snapshot
     /// or a migration: --restore and --incoming are given the same image
     /// again (checked by size and SHA-256). Not for a COLO pair yet. Here
     /// the firmware runs in KVM's instruction emulator (README, "Firmware
     /// boot").
     #[arg(long, value_name = "PATH",
-          conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "colo"])]
+          conflicts_with_all = ["print_cmdline", "colo"])]
     #[serde(default)]
     pub firmware: Option<PathBuf>,
     /// Initial ramdisk (uncompressed cpio boots fastest).
@@ -330,15 +336,21 @@ impl RunArgs {
         Ok(merged)
     }
 
-    /// A firmware VM takes no kernel and is not a COLO secondary (the
-    /// command line's conflicts are clap's; these also catch a `--config`
-    /// file's).
+    /// A firmware VM takes an initrd and a command line only with a kernel
+    /// (for it to load), prints no command line and is not a COLO
+    /// secondary (the command line's conflicts are clap's; these also
+    /// catch a `--config` file's).
     pub(crate) fn check_firmware(&self) -> Result<(), RunArgsError> {
         if self.firmware.is_none() {
             return Ok(());
         }
-        if let Some(option) = self.kernel_option() {
-            return Err(RunArgsError::FirmwareAndKernel(option));
+        if self.print_cmdline {
+            return Err(RunArgsError::FirmwarePrintCmdline);
+        }
+        if self.kernel.is_none() {
+            if let Some(option) = self.kernel_option() {
+                return Err(RunArgsError::FirmwareWithoutKernel(option));
+            }
         }
         if self.colo.is_some() {
             return Err(RunArgsError::FirmwareAndColo);
