@@ -614,18 +614,22 @@ fn arith(op: Arith, a: f64, b: f64) -> (f64, Option<Fault>) {
 }
 
 fn store(x: &mut X87, to: Src, pop: bool, truncate: bool, fx: &mut Effects) -> Result<(), Fault> {
+    if to == Src::Mem(MemKind::Status) {
+        // FNSTSW m16 stores the status word and leaves the stack alone.
+        fx.store = Some(x.fsw.to_le_bytes().to_vec());
+        return Ok(());
+    }
     let v = x.get(0).map(|_| Ext::from_bytes(&x.st[0]));
     let mut fault = v.err();
     let v = v.unwrap_or(Ext::INDEFINITE);
     match to {
         Src::St(i) => x.set(i, v),
-        Src::Mem(MemKind::Status) => fx.store = Some(x.fsw.to_le_bytes().to_vec()),
         Src::Mem(k) => {
             let bytes = match k {
                 MemKind::F32 => (v.to_f64() as f32).to_bits().to_le_bytes().to_vec(),
                 MemKind::F64 => v.to_f64().to_bits().to_le_bytes().to_vec(),
                 MemKind::F80 => v.to_bytes().to_vec(),
-                _ => {
+                MemKind::Status | MemKind::I16 | MemKind::I32 | MemKind::I64 => {
                     let bits = 8 * k.width() as u32;
                     let round = if truncate {
                         Round::Zero

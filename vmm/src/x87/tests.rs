@@ -174,6 +174,13 @@ fn compares_set_condition_codes_or_flags() {
     assert_eq!(st(&x, 0), 3.0);
     let fx = step(&mut x, [0xdf, 0xe0], &[]); // fnstsw ax
     assert_eq!(fx.ax, Some(x.fsw));
+    let fx = step(&mut x, [0xdd, 0x38], &[]); // fnstsw word [..]
+    assert_eq!(fx.store, Some(x.fsw.to_le_bytes().to_vec()));
+    // On an empty stack too, without a fault.
+    let mut empty = fresh();
+    empty.fsw = 0x3800;
+    let fx = step(&mut empty, [0xdd, 0x38], &[]);
+    assert_eq!((fx.store, empty.fsw), (Some(vec![0, 0x38]), 0x3800));
     step(&mut x, [0xd9, 0xe5], &[]); // fxam: a normal positive
     assert_eq!(x.fsw & (C3 | C2 | C1 | C0), C2);
 }
