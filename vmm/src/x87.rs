@@ -484,73 +484,9 @@ fn run(x: &mut X87, op: Op, input: &[u8], rflags: u64, fx: &mut Effects) -> Resu
             }
             fault.map_or(Ok(()), Err)
         }
-        Op::Compare { src, pops, eflags } => {
-            let (a, b) = (x.get(0), value(x, src, input));
-            let empty = a.is_err() || b.is_err();
-            let r = match (a, b) {
-                (Ok(a), Ok(b)) => a.partial_cmp(&b.to_f64()),
-                _ => None,
-            };
-            let (c3, c2, c0) = match r {
-                Some(std::cmp::Ordering::Greater) => (false, false, false),
-                Some(std::cmp::Ordering::Less) => (false, false, true),
-                Some(std::cmp::Ordering::Equal) => (true, false, false),
-                None => (true, true, true),
-            };
-            if eflags {
-                let mut f = rflags & !(ZF | PF | CF | FCOMI_CLEARS);
-                f |= if c3 { ZF } else { 0 } | if c2 { PF } else { 0 } | if c0 { CF } else { 0 };
-                fx.rflags = Some(f);
-            } else {
-                x.fsw &= !(C3 | C2 | C0);
-                x.fsw |=
-                    if c3 { C3 } else { 0 } | if c2 { C2 } else { 0 } | if c0 { C0 } else { 0 };
-            }
-            for _ in 0..pops {
-                x.pop();
-            }
-            // An empty register is invalid; a NaN operand compares
-            // unordered without a fault (FUCOM's rule, applied to FCOM too).
-            if empty {
-                return Err(Fault::Invalid);
-            }
-            Ok(())
-        }
-        Op::Unary(u) => {
-            let a = x.get(0)?;
-            let r = match u {
-                Unary::Chs => -a,
-                Unary::Abs => a.abs(),
-                Unary::Sqrt => a.sqrt(),
-                Unary::RndInt => match Round::from_fcw(x.fcw) {
-                    Round::Nearest => a.round_ties_even(),
-                    Round::Down => a.floor(),
-                    Round::Up => a.ceil(),
-                    Round::Zero => a.trunc(),
-                },
-            };
-            x.set(0, Ext::from_f64(r));
-            if r.is_nan() && !a.is_nan() {
-                return Err(Fault::Invalid);
-            }
-            Ok(())
-        }
-        Op::CMov { cond, i } => {
-            let v = value(x, Src::St(i), input);
-            let top = x.get(0);
-            match (top, v) {
-                (Ok(_), Ok(v)) => {
-                    if cond.holds(rflags) {
-                        x.set(0, v);
-                    }
-                    Ok(())
-                }
-                _ => {
-                    x.set(0, Ext::INDEFINITE);
-                    Err(Fault::Invalid)
-                }
-            }
-        }
+        Op::Compare { src, pops, eflags } => compare(x, src, pops, eflags, input, rflags, fx),
+        Op::Unary(u) => unary(x, u),
+        Op::CMov { cond, i } => cmov(x, cond, i, rflags),
         Op::Xch(i) => {
             let (a, b) = (x.valid(0), x.valid(i));
             let (va, vb) = (x.st[0], x.st[usize::from(i & 7)]);
@@ -587,6 +523,87 @@ fn run(x: &mut X87, op: Op, input: &[u8], rflags: u64, fx: &mut Effects) -> Resu
             Ok(())
         }
     }
+}
+
+/// FCMOVcc: ST0 = ST(i) when `cond` holds on `rflags`.
+fn cmov(x: &mut X87, cond: Cond, i: u8, rflags: u64) -> Result<(), Fault> {
+    let v = value(x, Src::St(i), &[]);
+    let top = x.get(0);
+    match (top, v) {
+        (Ok(_), Ok(v)) => {
+            if cond.holds(rflags) {
+                x.set(0, v);
+            }
+            Ok(())
+        }
+        _ => {
+            x.set(0, Ext::INDEFINITE);
+            Err(Fault::Invalid)
+        }
+    }
+}
+
+/// FCOM/FUCOM/FCOMI and kin: ST0 against `src`, into C3/C2/C0 or (with
+/// `eflags`) ZF/PF/CF, then `pops` pops.
+fn compare(
+    x: &mut X87,
+    src: Src,
+    pops: u8,
+    eflags: bool,
+    input: &[u8],
+    rflags: u64,
+    fx: &mut Effects,
+) -> Result<(), Fault> {
+    let (a, b) = (x.get(0), value(x, src, input));
+    let empty = a.is_err() || b.is_err();
+    let r = match (a, b) {
+        (Ok(a), Ok(b)) => a.partial_cmp(&b.to_f64()),
+        _ => None,
+    };
+    let (c3, c2, c0) = match r {
+        Some(std::cmp::Ordering::Greater) => (false, false, false),
+        Some(std::cmp::Ordering::Less) => (false, false, true),
+        Some(std::cmp::Ordering::Equal) => (true, false, false),
+        None => (true, true, true),
+    };
+    if eflags {
+        let mut f = rflags & !(ZF | PF | CF | FCOMI_CLEARS);
+        f |= if c3 { ZF } else { 0 } | if c2 { PF } else { 0 } | if c0 { CF } else { 0 };
+        fx.rflags = Some(f);
+    } else {
+        x.fsw &= !(C3 | C2 | C0);
+        x.fsw |= if c3 { C3 } else { 0 } | if c2 { C2 } else { 0 } | if c0 { C0 } else { 0 };
+    }
+    for _ in 0..pops {
+        x.pop();
+    }
+    // An empty register is invalid; a NaN operand compares
+    // unordered without a fault (FUCOM's rule, applied to FCOM too).
+    if empty {
+        return Err(Fault::Invalid);
+    }
+    Ok(())
+}
+
+/// FCHS, FABS, FSQRT, FRNDINT on ST0.
+fn unary(x: &mut X87, u: Unary) -> Result<(), Fault> {
+    let a = x.get(0)?;
+    let r = match u {
+        Unary::Chs => -a,
+        Unary::Abs => a.abs(),
+        Unary::Sqrt => a.sqrt(),
+        Unary::RndInt => match Round::from_fcw(x.fcw) {
+            Round::Nearest => a.round_ties_even(),
+            Round::Down => a.floor(),
+            Round::Up => a.ceil(),
+            Round::Zero => a.trunc(),
+        },
+    };
+    x.set(0, Ext::from_f64(r));
+    if r.is_nan() && !a.is_nan() {
+        return Err(Fault::Invalid);
+    }
+    Ok(())
 }
 
 fn arith(op: Arith, a: f64, b: f64) -> (f64, Option<Fault>) {
