@@ -10,8 +10,10 @@
 # boots through that UEFI image: tandem `--firmware --machine pci --kernel
 # bzImage-efi` vs QEMU `-M pc -bios` (TCG), both loading the same kernel
 # with an EFI stub (built here: resources/build-guest.sh --efi), initramfs
-# and command line through fw_cfg (its rows may take --firmware-timeout
-# seconds, default 1200).
+# and command line through fw_cfg; and both again from a GPT disk whose EFI
+# system partition holds them and a startup.nsh for OVMF's shell
+# (resources/build-esp.sh), on virtio-blk over PCI (its rows may take
+# --firmware-timeout seconds, default 1200).
 #
 # `--before REV` adds a row for tandem as it was at git revision REV, on the
 # default guest REV built (its own kernel config, initramfs and command
@@ -40,7 +42,9 @@ while [ $# -gt 0 ]; do
             ;;
         --firmware)
             resources/build-guest.sh --no-deps --efi >&2
-            args+=("$1" "${2:?--firmware needs an image}" --firmware-bzimage target/guest/bzImage-efi)
+            resources/build-esp.sh "$cmdline" >&2
+            args+=("$1" "${2:?--firmware needs an image}" --firmware-bzimage target/guest/bzImage-efi
+                --firmware-disk target/guest/esp.img)
             shift 2
             ;;
         *) args+=("$1"); shift ;;

@@ -94,6 +94,9 @@ def main():
                          "initramfs and command line to load (fw_cfg)")
     ap.add_argument("--firmware-bzimage",
                     help="the kernel the firmware rows load (it needs an EFI stub)")
+    ap.add_argument("--firmware-disk",
+                    help="also boot through the firmware from this disk image (GPT, EFI system "
+                         "partition: resources/build-esp.sh), read-only, on virtio-blk over PCI")
     ap.add_argument("--firmware-timeout", type=float, default=1200,
                     help="seconds a firmware row may take to reach ready")
     ap.add_argument("--tandem-bzimage", action="store_true",
@@ -134,6 +137,15 @@ def main():
             "-smp", "1", "-kernel", efi, "-initrd", args.initrd, "-append",
             args.cmdline, "-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot",
             "-net", "none"]
+    if args.firmware and args.firmware_disk:
+        peers["tandem OVMF disk (KVM)"] = [
+            args.tandem, "run", "--firmware", args.firmware, "--machine", "pci",
+            "--disk", f"path={args.firmware_disk},readonly=on", "--mem", mem]
+        peers["QEMU pc OVMF disk (TCG)"] = [
+            args.qemu, "-M", "pc", "-accel", "tcg", "-bios", args.firmware, "-m", mem,
+            "-smp", "1", "-drive", f"file={args.firmware_disk},if=none,id=d0,format=raw,readonly=on",
+            "-device", "virtio-blk-pci,drive=d0,disable-legacy=on", "-nographic", "-nodefaults",
+            "-serial", "stdio", "-no-reboot", "-net", "none"]
     if args.tandem_bzimage:
         peers["tandem bzImage (KVM)"] = [args.tandem, "run", "--kernel", args.bzimage, "--initrd",
                                          args.initrd, "--cmdline", args.cmdline, "--mem", mem]
@@ -171,12 +183,19 @@ def main():
         rmin, rmed = mm(r["ready"])
         omin, omed = mm(r["overhead"])
         ratio = "-"
-        if rmed is not None and t_ready[1] is not None:
-            ratio = f"{rmed / t_ready[1]:.2f}x"
+        # Firmware rows compare with tandem's firmware row.
+        base = t_ready
+        if "OVMF disk" in name:
+            base = mm(results["tandem OVMF disk (KVM)"]["ready"])
+        elif "OVMF" in name:
+            base = mm(results["tandem OVMF pci (KVM)"]["ready"])
+        if rmed is not None and base[1] is not None:
+            ratio = f"{rmed / base[1]:.2f}x"
         note = f"did not reach ready in {r['failed']} run(s): {r['why']}" if r["failed"] else ""
         print(f"{name:<24} {fmt(rmin, 's'):>10} {fmt(rmed, 's'):>10} {fmt(omin, 'MiB'):>13} "
               f"{fmt(omed, 'MiB'):>13} {ratio:>12}  {note}")
-    print("ready ratio = peer median / tandem median (above 1: tandem is faster)")
+    print("ready ratio = peer median / tandem median (above 1: tandem is faster); "
+          "OVMF rows against tandem's OVMF row")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
 /// above the virtio-mmio windows, below the IOAPIC.
 pub const PCI_MMIO_START: u64 = 0xe000_0000;
 pub const PCI_MMIO_SIZE: u64 = 0x1000_0000;
+/// Where else a guest may move them: UEFI firmware for an i440FX board
+/// (OVMF) puts its PCI aperture at 2 GiB (3 GiB with more RAM) up to the
+/// gap; what of it is not RAM decodes BARs too (RAM always wins there).
+pub const PCI_LOW_MMIO_START: u64 = 0x8000_0000;
+pub const PCI_LOW_MMIO_SIZE: u64 = MMIO_GAP_START - PCI_LOW_MMIO_START;
 /// ECAM (memory-mapped configuration space) of a PCI machine's bus 0.
 pub const PCI_ECAM_START: u64 = 0xf000_0000;
 /// Where the in-kernel IOAPIC and local APICs live.

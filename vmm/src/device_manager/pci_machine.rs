@@ -1,5 +1,7 @@
 //! What a PCI machine adds to the buses: PCI bus 0 (ports 0xCF8/0xCFC,
-//! the BAR window and ECAM on the MMIO bus), the ACPI PM1a block, and
+//! the BAR windows (0xE000_0000 up, where tandem places BARs and its ACPI
+//! tables say they are; 2 GiB up to the gap, where OVMF places them) and
+//! ECAM on the MMIO bus), the ACPI PM1a block, and
 //! PIIX4's power-management function at 00:01.3 (its I/O block, with the
 //! PM timer, wherever the guest puts it).
 //!
@@ -46,12 +48,13 @@ pub(super) fn attach(
             source,
         })?;
     pio.insert_movable(pm_function);
-    let window = PciWindow::new(bus.clone(), layout::PCI_MMIO_START);
-    mmio.insert(
-        Arc::new(Mutex::new(window)),
-        layout::PCI_MMIO_START,
-        layout::PCI_MMIO_SIZE,
-    )?;
+    for (start, size) in [
+        (layout::PCI_MMIO_START, layout::PCI_MMIO_SIZE),
+        (layout::PCI_LOW_MMIO_START, layout::PCI_LOW_MMIO_SIZE),
+    ] {
+        let window = PciWindow::new(bus.clone(), start);
+        mmio.insert(Arc::new(Mutex::new(window)), start, size)?;
+    }
     mmio.insert(
         Arc::new(Mutex::new(PciEcam::new(bus.clone()))),
         layout::PCI_ECAM_START,
