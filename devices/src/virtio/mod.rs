@@ -82,3 +82,16 @@ pub trait VirtioDevice: Send {
     /// ring), in index order, while the device is active; `None` otherwise.
     fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>>;
 }
+
+/// Answers a driver read of `data.len()` bytes at `offset` from a device's
+/// configuration space `config`; bytes past its end (or an offset that does
+/// not fit a `usize`) read as zero. Every device's `read_config` is this.
+pub fn read_config_space(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o).copied())
+            .unwrap_or(0);
+    }
+}

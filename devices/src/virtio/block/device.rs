@@ -13,7 +13,7 @@ use super::disk::{ID_BYTES, SECTOR_SIZE};
 use super::features::{self, DISCARD, FLUSH, RO, WRITE_ZEROES};
 use super::metrics::BlockMetrics;
 use super::request::{MAX_RANGE_SECTORS, MAX_SEGMENTS};
-use crate::virtio::{ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
+use crate::virtio::{read_config_space, ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
 
 /// Virtio device id of a block device.
 pub const TYPE_BLOCK: u32 = 2;
@@ -142,14 +142,7 @@ impl VirtioDevice for Block {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let c = self.config_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| c.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_space(&self.config_bytes(), offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {

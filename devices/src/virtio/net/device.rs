@@ -22,7 +22,7 @@ use super::features::*;
 use super::metrics::NetMetrics;
 use super::rsc::RscConfig;
 use super::tap::{Tap, TapError};
-use crate::virtio::{ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
+use crate::virtio::{read_config_space, ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
 
 /// Virtio device id of a network card.
 pub const TYPE_NET: u32 = 1;
@@ -185,14 +185,7 @@ impl VirtioDevice for Net {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let c = self.config_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| c.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_space(&self.config_bytes(), offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {
