@@ -45,3 +45,4 @@ pub mod packet;
 pub mod rewrite;
 pub mod schedule;
 pub mod survivor;
+mod sync;

@@ -163,16 +163,16 @@ impl VirtioDevice for Block {
             });
         }
         let queue = queues.pop().ok_or(ActivateError::BadQueue(0))?;
-        crate::bus::lock(&self.state).active = Some(Active { queue, mem, acked });
+        crate::sync::lock(&self.state).active = Some(Active { queue, mem, acked });
         self.activate_evt.write(1).map_err(ActivateError::Notify)
     }
 
     fn reset(&mut self) {
-        crate::bus::lock(&self.state).active = None;
+        crate::sync::lock(&self.state).active = None;
     }
 
     fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
-        let state = crate::bus::lock(&self.state);
+        let state = crate::sync::lock(&self.state);
         Some(vec![state.active.as_ref()?.queue.state()])
     }
 }

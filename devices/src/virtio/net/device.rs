@@ -205,7 +205,7 @@ impl VirtioDevice for Net {
                 got: queues.len(),
             });
         }
-        let mut state = crate::bus::lock(&self.state);
+        let mut state = crate::sync::lock(&self.state);
         state
             .backend
             .set_offload(tap_offloads(acked))
@@ -231,11 +231,11 @@ impl VirtioDevice for Net {
     }
 
     fn reset(&mut self) {
-        crate::bus::lock(&self.state).active = None;
+        crate::sync::lock(&self.state).active = None;
     }
 
     fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
-        let state = crate::bus::lock(&self.state);
+        let state = crate::sync::lock(&self.state);
         let active = state.active.as_ref()?;
         Some(vec![active.rx.state(), active.tx.state()])
     }
