@@ -57,6 +57,20 @@ pub enum ActivateError {
     Notify(#[source] io::Error),
 }
 
+impl ActivateError {
+    /// `Ok` when the driver set up exactly the `wanted` queues a device has.
+    pub fn check_queue_count(queues: &[Queue], wanted: usize) -> Result<(), ActivateError> {
+        if queues.len() == wanted {
+            Ok(())
+        } else {
+            Err(ActivateError::QueueCount {
+                wanted,
+                got: queues.len(),
+            })
+        }
+    }
+}
+
 /// A virtio device behind a transport.
 pub trait VirtioDevice: Send {
     /// The virtio device id (1 = net, 2 = block).

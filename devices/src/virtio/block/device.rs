@@ -156,12 +156,7 @@ impl VirtioDevice for Block {
         mut queues: Vec<Queue>,
         mem: GuestMemoryMmap,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                wanted: 1,
-                got: queues.len(),
-            });
-        }
+        ActivateError::check_queue_count(&queues, 1)?;
         let queue = queues.pop().ok_or(ActivateError::BadQueue(0))?;
         crate::sync::lock(&self.state).active = Some(Active { queue, mem, acked });
         self.activate_evt.write(1).map_err(ActivateError::Notify)

@@ -199,12 +199,7 @@ impl VirtioDevice for Net {
         mut queues: Vec<Queue>,
         mem: GuestMemoryMmap,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 2 {
-            return Err(ActivateError::QueueCount {
-                wanted: 2,
-                got: queues.len(),
-            });
-        }
+        ActivateError::check_queue_count(&queues, 2)?;
         let mut state = crate::sync::lock(&self.state);
         state
             .backend
