@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-READY = b"tandem-guest: ready"
+from common import READY
 
 
 def guest_rss_kib(pid, mem_kib):

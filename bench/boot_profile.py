@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-READY = b"tandem-guest: ready"
+from common import READY
 
 
 def main():

@@ -14,31 +14,18 @@ secondary may serve only once the primary's lease expired.
 The same topology as tests/src/hosts.rs; addresses from documentation
 ranges, in namespaces made and removed here. Not a test.
 """
-import ctypes
-import json
 import os
 import subprocess
 import time
 
 from migrate_measure import MAC
 from migrate_probe import Pinger
-from net_measure import sh
-from snapshot_measure import Console, kill, log, spawn, tail
+from common import ctl, kill, make_certs, setns, sh, spawn, tail, tls_opts, wait
+from snapshot_measure import Console
 
-CLONE_NEWNET = 0x40000000
 HOST, GUEST, PREFIX = "192.0.2.1", "192.0.2.2", 24
 REP_A, REP_B = "203.0.113.1", "203.0.113.2"
 ETCD = {"a": ("203.0.113.6", "203.0.113.5"), "b": ("203.0.113.10", "203.0.113.9")}
-
-
-def enter(name):
-    """This thread into namespace `name` (sockets it opens live there)."""
-    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
-    try:
-        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns")
-    finally:
-        os.close(fd)
 
 
 class Hosts:
@@ -118,31 +105,14 @@ class Hosts:
         subprocess.run(["rm", "-rf", self.data])
 
 
-def ctl(args, api, *verb):
-    out = subprocess.run([args.tandem, "ctl", "--api-sock", api, *verb],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
-    return json.loads(out.stdout)
-
-
-def wait(what, limit, done):
-    end = time.monotonic() + limit
-    while not done():
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit} s")
-        time.sleep(0.02)
-
-
 def host_pki(tmp):
     """Host A's and host B's TLS options: one CA (resources/tls-certs.sh),
     B's certificate naming its replication address."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    make = os.path.join(repo, "resources", "tls-certs.sh")
     a, b = os.path.join(tmp, "pki-a"), os.path.join(tmp, "pki-b")
     if not os.path.exists(os.path.join(b, "host.pem")):
-        subprocess.run([make, a, REP_A], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([make, b, "--ca-from", a, REP_B], check=True, stdout=subprocess.DEVNULL)
-    return [["--tls-cert", os.path.join(d, "host.pem"), "--tls-key", os.path.join(d, "host.key"),
-             "--tls-ca", os.path.join(d, "ca.pem")] for d in (a, b)]
+        make_certs(a, REP_A)
+        make_certs(b, "--ca-from", a, REP_B)
+    return [tls_opts(d) for d in (a, b)]
 
 
 def one(args, snap, tmp, n, home):
@@ -177,11 +147,11 @@ def one(args, snap, tmp, n, home):
         wait("protected", 120, lambda: ctl(args, api_p, "colo-status")["colo"]["state"]
              == "protected")
         time.sleep(2.0)
-        enter(hosts.ns["c"])
+        setns(hosts.ns["c"])
         try:
             pinger = Pinger(GUEST, args.ping_ms / 1000.0)
         finally:
-            enter(home)
+            setns(home)
         try:
             time.sleep(1.0)
             t_cut = time.monotonic()
@@ -191,11 +161,8 @@ def one(args, snap, tmp, n, home):
             t_over = time.monotonic()
             time.sleep(2.0)
         finally:
-            pinger.done.set()
-            for t in pinger.threads:
-                t.join()
-        after = [pinger.sent[i] + rtt / 1000.0 for i, rtt in pinger.replies.items()
-                 if pinger.sent[i] > t_cut]
+            pinger.halt()
+        after = pinger.arrivals_after(t_cut)
         if not after:
             raise RuntimeError("no ping reply after host A was cut off")
         fenced = "tandem: COLO: fenced" in tail(err + ".p", 200)

@@ -49,9 +49,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,24 +60,13 @@ import colo_traffic as traffic
 import snapshot_measure as sm
 from migrate_measure import Bridge, GUEST, MAC, PREFIX, unlink
 from migrate_probe import Pinger
-from snapshot_measure import Console, kill, log, spawn, tail
+from common import ctl, exit_on_signals, kill, kill_all, log, make_certs, spawn, tail, tls_opts, wait
+from snapshot_measure import Console
 
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tap(i):
     return Bridge.TAPS["tandem"][i]
-
-
-def ctl(args, api, *verb):
-    out = subprocess.run([args.tandem, "ctl", "--api-sock", api, *verb],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
-    try:
-        return json.loads(out.stdout)
-    except ValueError:
-        raise RuntimeError(f"tandem ctl {' '.join(verb)}: {out.stdout[-300:]!r} "
-                           f"{out.stderr[-300:]!r}")
 
 
 def snapshot(args, tmp):
@@ -104,22 +91,12 @@ def snapshot(args, tmp):
             kill(g.proc)
 
 
-def wait(what, limit, done):
-    end = time.monotonic() + limit
-    while not done():
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {limit} s")
-        time.sleep(0.02)
-
-
 def make_pki(tmp):
     """A CA and a certificate naming 127.0.0.1 (resources/tls-certs.sh): the
     tandem options that use it."""
     d = os.path.join(tmp, "pki")
-    subprocess.run([os.path.join(REPO, "resources", "tls-certs.sh"), d, "127.0.0.1"],
-                   check=True, stdout=subprocess.DEVNULL)
-    return ["--tls-cert", os.path.join(d, "host.pem"), "--tls-key", os.path.join(d, "host.key"),
-            "--tls-ca", os.path.join(d, "ca.pem")]
+    make_certs(d, "127.0.0.1")
+    return tls_opts(d)
 
 
 class Pair:
@@ -219,13 +196,10 @@ def one(args, snap, tmp, n):
                  lambda: pair.status(pair.api_s)["state"] == "failed_over")
             time.sleep(2.0)
         finally:
-            pinger.done.set()
-            for t in pinger.threads:
-                t.join()
+            pinger.halt()
         # A reply to a ping sent after the kill: one that only arrives
         # after it may have left the primary before it died.
-        after = [pinger.sent[i] + rtt / 1000.0 for i, rtt in pinger.replies.items()
-                 if pinger.sent[i] > t_kill]
+        after = pinger.arrivals_after(t_kill)
         if not after:
             raise RuntimeError("no ping reply after the primary was killed")
         res["failover_ms"] = (min(after) - t_kill) * 1000.0
@@ -427,10 +401,7 @@ def measured(what, into, failures, run):
 def main():
     args = parse_args()
 
-    def on_signal(signum, _frame):
-        raise SystemExit(128 + signum)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, on_signal)
+    exit_on_signals()
     tmp = tempfile.mkdtemp(prefix="tandem-colobench-", dir=args.tmpdir)
     ns = None
     runs, failures, queues, qemu = [], [], [], None
@@ -478,8 +449,7 @@ def main():
             qemu = colo_qemu.run(args, tmp)
             log(f"QEMU COLO: {qemu}")
     finally:
-        for p in list(sm.PROCS):
-            kill(p)
+        kill_all()
         if ns:
             ns.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -29,7 +29,8 @@ import time
 import colo_traffic as traffic
 from migrate_measure import Bridge, GUEST, MAC
 from migrate_probe import Pinger
-from snapshot_measure import READY, Console, Qmp, kill, log, spawn
+from common import READY, kill, log, spawn
+from snapshot_measure import Console, Qmp
 
 PORTS = {"mirror": 19003, "compare1": 19004, "compare0": 19001, "out": 19005,
          "incoming": 19998}
@@ -173,9 +174,7 @@ def run(args, tmp):
             sq.cmd("x-colo-lost-heartbeat")
             time.sleep(3.0)
         finally:
-            pinger.done.set()
-            for t in pinger.threads:
-                t.join()
+            pinger.halt()
         after = [pinger.sent[i] + rtt / 1000.0 for i, rtt in pinger.replies.items()
                  if pinger.sent[i] + rtt / 1000.0 > t_kill]
         res["failover_ms"] = (min(after) - t_kill) * 1000.0 if after else None

@@ -8,32 +8,18 @@ Not a test: a measurement, printed as failures per 100 pipelines.
 """
 import argparse
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
+
+from common import READY, Console
 
 
 def host_cmdline(tandem):
     """The default command line with what tandem appends on this host."""
     return subprocess.run([tandem, "run", "--print-cmdline"], capture_output=True,
                           text=True, check=True).stdout.strip()
-
-
-def read_until(p, marker, timeout, buf=b""):
-    end = time.monotonic() + timeout
-    while marker not in buf:
-        if time.monotonic() > end:
-            raise TimeoutError(f"no {marker!r}: {buf[-500:]!r}")
-        r, _, _ = select.select([p.stdout], [], [], 1.0)
-        if r:
-            chunk = os.read(p.stdout.fileno(), 65536)
-            if not chunk:
-                raise EOFError(buf[-500:])
-            buf += chunk
-    i = buf.index(marker) + len(marker)
-    return buf[:i], buf[i:]
 
 
 def measure(tandem, flush, n, cpus):
@@ -45,7 +31,8 @@ def measure(tandem, flush, n, cpus):
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     try:
-        _, rest = read_until(p, b"tandem-guest: ready", 400)
+        con = Console(p)
+        con.wait_for(READY, 400)
         p.stdin.write(b"stty -echo\n")
         p.stdin.write(
             f"f=0; i=0; while [ $i -lt {n} ]; do r=$(seq 1 50 | grep 3 | wc -l); "
@@ -53,10 +40,10 @@ def measure(tandem, flush, n, cpus):
             .encode())
         p.stdin.flush()
         # The marker is computed by the shell: the echoed command never matches.
-        out, rest = read_until(p, b"F0AILS=", 3600, rest)
-        tail, _ = read_until(p, b"\n", 60, rest)
-        segv = out.count(b"Segmentation fault")
-        return tail.decode().strip(), segv
+        out = con.wait_for(b"F0AILS=", 3600)
+        tail = con.wait_for(b"\n", 60)
+        segv = out.count("Segmentation fault")
+        return tail.strip(), segv
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()

@@ -31,7 +31,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,8 +38,8 @@ import time
 
 import snapshot_measure as sm
 from migrate_probe import Jitter, Pinger, window
-from net_measure import Ns, sh
-from snapshot_measure import Console, Qmp, kill, log, spawn, tail
+from common import Ns, exit_on_signals, kill, kill_all, log, spawn, tail
+from snapshot_measure import Console, Qmp
 
 GUEST, HOST, PREFIX = "192.0.2.2", "192.0.2.1", 24
 MAC = "52:54:00:12:34:56"
@@ -58,22 +57,17 @@ class Bridge(Ns):
     thread: threads and children inherit it)."""
     TAPS = {"tandem": ("tsrc", "tdst"), "qemu": ("qsrc", "qdst")}
 
-    def __init__(self, name):
-        self.name = name
-        subprocess.run(["ip", "netns", "del", name], stderr=subprocess.DEVNULL)
-        sh("ip", "netns", "add", name)
-        ip = ["ip", "-n", name]
-        sh(*ip, "link", "set", "lo", "up")
-        sh(*ip, "link", "add", "br0", "address", "02:00:00:00:00:01", "type", "bridge")
-        sh(*ip, "addr", "add", f"{HOST}/{PREFIX}", "dev", "br0")
-        sh(*ip, "link", "set", "br0", "up")
+    def links(self):
+        self.ip("link", "add", "br0", "address", "02:00:00:00:00:01", "type", "bridge")
+        self.ip("addr", "add", f"{HOST}/{PREFIX}", "dev", "br0")
+        self.ip("link", "set", "br0", "up")
         for vmm, taps in self.TAPS.items():
             for tap in taps:
                 # QEMU's taps as bench/net.sh makes them.
                 extra = ["vnet_hdr"] if vmm == "qemu" else []
-                sh(*ip, "tuntap", "add", "dev", tap, "mode", "tap", *extra)
-                sh(*ip, "link", "set", tap, "master", "br0")
-                sh(*ip, "link", "set", tap, "up")
+                self.ip("tuntap", "add", "dev", tap, "mode", "tap", *extra)
+                self.ip("link", "set", tap, "master", "br0")
+                self.ip("link", "set", tap, "up")
 
 
 def unlink(*paths):
@@ -620,10 +614,7 @@ def parse_args():
 def main():
     args = parse_args()
 
-    def on_signal(signum, _frame):
-        raise SystemExit(128 + signum)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, on_signal)
+    exit_on_signals()
 
     if args.tmpdir:
         os.makedirs(args.tmpdir, exist_ok=True)
@@ -638,8 +629,7 @@ def main():
         for mem in args.sizes:
             run_size(args, mem, tmp, jit, results)
     finally:
-        for p in list(sm.PROCS):
-            kill(p)
+        kill_all()
         if jit:
             jit.close()
         if ns:

@@ -63,6 +63,18 @@ class Pinger:
             if n < len(self.sent) and n not in self.replies:
                 self.replies[n] = (now - self.sent[n]) * 1000.0
 
+    def halt(self):
+        """Stops sending and receiving now (no wait for late replies; the
+        socket stays open)."""
+        self.done.set()
+        for t in self.threads:
+            t.join()
+
+    def arrivals_after(self, t0):
+        """When the replies to the pings sent after `t0` arrived."""
+        return [self.sent[i] + rtt / 1000.0 for i, rtt in self.replies.items()
+                if self.sent[i] > t0]
+
     def stop(self, wait=1.0):
         """Stops sending, waits `wait` s for the last replies; returns
         [(sent, rtt_ms or None)]: None for no reply within `wait` s."""

@@ -7,10 +7,8 @@ its own network namespace; each figure is repeated N times (min/median).
 Used by bench/net.sh; not a test. Traffic stays in namespaces made here.
 """
 import argparse
-import ctypes
 import os
 import re
-import select
 import signal
 import socket
 import statistics
@@ -18,57 +16,28 @@ import subprocess
 import threading
 import time
 
+import common
+
 GUEST, HOST = "192.0.2.2", "192.0.2.1"
-CLONE_NEWNET = 0x40000000
 
 
-def sh(*args):
-    subprocess.run(args, check=True)
+class Ns(common.Ns):
+    """A namespace with tap0 (vnet_hdr) holding the host's address."""
+
+    def links(self):
+        self.ip("tuntap", "add", "dev", "tap0", "mode", "tap", "vnet_hdr")
+        self.ip("addr", "add", HOST + "/24", "dev", "tap0")
+        self.ip("link", "set", "tap0", "up")
 
 
-class Ns:
-    def __init__(self, name):
-        self.name = name
-        subprocess.run(["ip", "netns", "del", name], stderr=subprocess.DEVNULL)
-        sh("ip", "netns", "add", name)
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-        sh("ip", "-n", name, "tuntap", "add", "dev", "tap0", "mode", "tap", "vnet_hdr")
-        sh("ip", "-n", name, "addr", "add", HOST + "/24", "dev", "tap0")
-        sh("ip", "-n", name, "link", "set", "tap0", "up")
+class Console(common.Console):
+    """A VMM started with the guest's console on its stdin/stdout, driven
+    by command lines that end in a numbered marker."""
 
-    def enter(self):
-        # os.setns needs Python 3.12; libc's works everywhere. This thread only.
-        fd = os.open(f"/var/run/netns/{self.name}", os.O_RDONLY)
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns")
-        os.close(fd)
-
-    def close(self):
-        subprocess.run(["ip", "netns", "del", self.name], stderr=subprocess.DEVNULL)
-
-
-class Console:
     def __init__(self, cmd):
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
-        self.buf = b""
+        super().__init__(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
         self.seq = 0
-
-    def wait_for(self, marker, timeout):
-        end = time.monotonic() + timeout
-        while marker not in self.buf:
-            if time.monotonic() > end:
-                raise TimeoutError(f"{marker!r}: {self.buf[-400:]!r}")
-            r, _, _ = select.select([self.p.stdout], [], [], 1.0)
-            if r:
-                chunk = os.read(self.p.stdout.fileno(), 65536)
-                if not chunk:
-                    raise EOFError(self.buf[-400:])
-                self.buf += chunk
-        i = self.buf.index(marker) + len(marker)
-        out, self.buf = self.buf[:i], self.buf[i:]
-        return out.decode(errors="replace")
 
     def run(self, cmd, timeout=600):
         self.seq += 1

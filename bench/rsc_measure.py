@@ -14,16 +14,16 @@ frames each guest packet held on the rsc=on NIC. Used by bench/rsc.sh; not a
 test. Traffic stays in the namespace.
 """
 import argparse
-import ctypes
 import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import sh  # noqa: E402
 from net_measure import Console, in_ns  # noqa: E402
 
 NICS = {  # name: (tap, host address, guest address)
@@ -32,42 +32,24 @@ NICS = {  # name: (tap, host address, guest address)
 }
 
 
-LIBC = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNET = 0x40000000
+class Ns(common.Ns):
+    """A namespace with the NICS' taps (vnet_hdr), each holding its host
+    address; the commands' output is dropped."""
 
-
-def sh(*args):
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-
-
-class Ns:
     def __init__(self, name):
-        self.name = name
-        subprocess.run(["ip", "netns", "del", name], stderr=subprocess.DEVNULL)
-        sh("ip", "netns", "add", name)
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-        for tap, host, _ in NICS.values():
-            sh("ip", "-n", name, "tuntap", "add", "dev", tap, "mode", "tap", "vnet_hdr")
-            sh("ip", "-n", name, "addr", "add", host + "/24", "dev", tap)
-            sh("ip", "-n", name, "link", "set", tap, "up")
+        super().__init__(name, quiet=True)
 
-    def enter(self):
-        # os.setns needs Python 3.12; libc's works everywhere.
-        fd = os.open(f"/var/run/netns/{self.name}", os.O_RDONLY)
-        try:
-            if LIBC.setns(fd, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns")
-        finally:
-            os.close(fd)
+    def links(self):
+        for tap, host, _ in NICS.values():
+            self.ip("tuntap", "add", "dev", tap, "mode", "tap", "vnet_hdr")
+            self.ip("addr", "add", host + "/24", "dev", tap)
+            self.ip("link", "set", tap, "up")
 
     def offloads(self, on):
         state = "on" if on else "off"
         for tap, _, _ in NICS.values():
             sh("ip", "netns", "exec", self.name, "ethtool", "-K", tap,
-               "tso", state, "gso", state, "gro", state)
-
-    def close(self):
-        subprocess.run(["ip", "netns", "del", self.name], stderr=subprocess.DEVNULL)
+               "tso", state, "gso", state, "gro", state, quiet=True)
 
 
 def transfer(ns, con, guest, port, total, msg):

@@ -32,75 +32,22 @@ import argparse
 import itertools
 import json
 import os
-import select
 import shlex
 import shutil
-import signal
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-READY = b"tandem-guest: ready"
+import common
+from common import READY, exit_on_signals, kill, kill_all, log, spawn, tail
+
 MARKS = itertools.count(1)
-PROCS = []  # every VMM started, killed on any exit path
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def spawn(cmd, stderr_path):
-    with open(stderr_path, "ab") as err:
-        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=err, start_new_session=True)
-    PROCS.append(p)
-    return p
-
-
-def kill(p):
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    p.wait()
-    if p in PROCS:
-        PROCS.remove(p)
-
-
-def tail(path, n=3):
-    try:
-        with open(path, errors="replace") as f:
-            lines = [l.strip() for l in f if l.strip()]
-        return " | ".join(lines[-n:]) or "(empty)"
-    except OSError:
-        return "(none)"
-
-
-class Console:
-    """The guest's serial console on the VMM's stdin/stdout."""
-
-    def __init__(self, p):
-        self.p = p
-        self.buf = b""
-
-    def wait_for(self, marker, timeout):
-        end = time.monotonic() + timeout
-        while marker not in self.buf:
-            if time.monotonic() > end:
-                raise TimeoutError(f"no {marker!r} in {timeout:.0f} s; console: {self.buf[-300:]!r}")
-            r, _, _ = select.select([self.p.stdout], [], [], 0.5)
-            if r:
-                chunk = os.read(self.p.stdout.fileno(), 65536)
-                if not chunk:
-                    raise EOFError(f"VMM exited ({self.p.poll()}); console: {self.buf[-300:]!r}")
-                self.buf += chunk
-        i = self.buf.index(marker) + len(marker)
-        out, self.buf = self.buf[:i], self.buf[i:]
-        return out.decode(errors="replace")
+class Console(common.Console):
+    """The guest's serial console on the VMM's stdin/stdout, driven by
+    command lines that end in a marker."""
 
     def send(self, cmd):
         """Sends a command line followed by an echo of a fresh marker; the
@@ -428,10 +375,7 @@ def main():
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
 
-    def on_signal(signum, _frame):
-        raise SystemExit(128 + signum)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, on_signal)
+    exit_on_signals()
 
     tmp = tempfile.mkdtemp(prefix="tandem-snapbench-", dir=args.tmpdir)
     results = {}
@@ -439,8 +383,7 @@ def main():
         for mem in sizes:
             results[mem] = run_size(args, mem, tmp)
     finally:
-        for p in list(PROCS):
-            kill(p)
+        kill_all()
         shutil.rmtree(tmp, ignore_errors=True)
     report(args, sizes, results)
 

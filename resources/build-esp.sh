@@ -15,10 +15,8 @@
 # Usage: resources/build-esp.sh [--no-deps] CMDLINE
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$here/.." && pwd)
-out="$top/target/guest"
-log() { printf 'build-esp: %s\n' "$*" >&2; }
+# here, top, out; log, install_deps.
+source "$(dirname "$0")/lib.sh"
 
 deps=1
 if [ "${1:-}" = --no-deps ]; then
@@ -26,9 +24,8 @@ if [ "${1:-}" = --no-deps ]; then
     shift
 fi
 cmdline=${1:?usage: resources/build-esp.sh [--no-deps] CMDLINE}
-if [ "$deps" = 1 ] && { ! command -v mcopy >/dev/null 2>&1 || ! command -v sfdisk >/dev/null 2>&1; }; then
-    log "installing mtools fdisk"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mtools fdisk >/dev/null
+if [ "$deps" = 1 ]; then
+    install_deps mtools fdisk
 fi
 for f in bzImage-efi initramfs.cpio; do
     [ -f "$out/$f" ] || { log "no $out/$f: run resources/build-guest.sh --efi first"; exit 1; }

@@ -24,36 +24,12 @@
 #   --efi       also build the EFI variant of the kernel
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$here/.." && pwd)
-cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
-out="$top/target/guest"
+# here, top, cache, out; log, install_deps, pkgver, publish.
+source "$(dirname "$0")/lib.sh"
 jobs=$(nproc)
-
-log() { printf 'build-guest: %s\n' "$*" >&2; }
-
-install_deps() {
-    local pkgs=(linux-source-6.1 busybox-static bc bison flex libelf-dev libssl-dev
-        cpio xz-utils make gcc libc6-dev musl-tools e2fsprogs)
-    local missing=()
-    for p in "${pkgs[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        log "installing ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    fi
-}
-
-pkgver() { dpkg-query -W -f='${Version}' "$1"; }
-
-# Links (or copies, across file systems) a cached file into target/guest.
-publish() {
-    mkdir -p "$out"
-    ln -f "$1" "$out/$2" 2>/dev/null || cp -f "$1" "$out/$2"
-}
+# What the kernel, the initramfs and the root file system are built with.
+packages=(linux-source-6.1 busybox-static bc bison flex libelf-dev libssl-dev
+    cpio xz-utils make gcc libc6-dev musl-tools e2fsprogs)
 
 build_kernel() {
     local ver key dir src
@@ -166,7 +142,7 @@ main() {
         esac
     done
     if [ "$deps" = 1 ]; then
-        install_deps
+        install_deps "${packages[@]}"
     fi
     mkdir -p "$cache"
     build_initramfs

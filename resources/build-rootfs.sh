@@ -19,29 +19,10 @@
 # Usage: resources/build-rootfs.sh [--no-deps]
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$here/.." && pwd)
-cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
-out="$top/target/guest"
+# here, top, cache, out; log, install_deps, pkgver.
+source "$(dirname "$0")/lib.sh"
 # Room for what tests and benchmarks write on the root disk.
 size=64M
-
-log() { printf 'build-rootfs: %s\n' "$*" >&2; }
-
-install_deps() {
-    local pkgs=(busybox-static e2fsprogs gcc libc6-dev musl-tools) missing=() p
-    for p in "${pkgs[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        log "installing ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    fi
-}
-
-pkgver() { dpkg-query -W -f='${Version}' "$1"; }
 
 build_rootfs() {
     local key file root applet tool
@@ -91,7 +72,7 @@ build_rootfs() {
 
 main() {
     if [ "${1:-}" != --no-deps ]; then
-        install_deps
+        install_deps busybox-static e2fsprogs gcc libc6-dev musl-tools
     fi
     mkdir -p "$cache"
     build_rootfs

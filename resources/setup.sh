@@ -3,11 +3,12 @@
 # packages, the default guest (kernel + initramfs, cached), and the release
 # build of tandem. Idempotent; later runs take seconds.
 set -euo pipefail
-top=$(cd "$(dirname "$0")/.." && pwd)
+# top; log, install_deps.
+source "$(dirname "$0")/lib.sh"
 cd "$top"
 
 if ! command -v cargo >/dev/null 2>&1; then
-    echo "setup: cargo is missing: install a Rust toolchain (rustup) first" >&2
+    log "cargo is missing: install a Rust toolchain (rustup) first"
     exit 1
 fi
 # Tools the test suite uses besides the guest build's own dependencies
@@ -17,15 +18,7 @@ fi
 # the arbiter, in a namespace; protobuf-compiler: the etcd-client crate's
 # build compiles etcd's gRPC definitions with protoc, which needs the
 # well-known types of libprotobuf-dev).
-need=()
-for p in util-linux iproute2 coreutils iputils-ping ethtool fonts-dejavu-core \
-    etcd-server etcd-client protobuf-compiler libprotobuf-dev; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+install_deps util-linux iproute2 coreutils iputils-ping ethtool fonts-dejavu-core \
+    etcd-server etcd-client protobuf-compiler libprotobuf-dev
 resources/build-guest.sh
 cargo build --release --quiet -p vmm

@@ -9,6 +9,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::sync::lock;
+
 /// A device on the bus. `offset` is relative to the start of its range.
 pub trait BusDevice: Send {
     /// A guest read of `data.len()` bytes at `offset`.
@@ -126,12 +128,6 @@ impl Bus {
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         self.dispatch(addr, |d, offset| d.write(offset, data))
     }
-}
-
-/// Locks a device, recovering it if a thread panicked while holding it:
-/// device state stays usable and the VMM keeps running.
-pub fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

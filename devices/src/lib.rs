@@ -13,6 +13,7 @@ pub mod pci;
 pub mod piix4_pm;
 pub mod rtc;
 pub mod serial;
+pub mod sync;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError, MovableDevice};

@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 
 use migration::devices::{PciFunctionState, PciState};
 
-use crate::bus::{lock, BusDevice};
+use crate::bus::BusDevice;
+use crate::sync::lock;
 
 mod ecam;
 pub use ecam::{PciEcam, ECAM_BUS_BYTES};

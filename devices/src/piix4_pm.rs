@@ -22,8 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::acpi_pm::{AcpiPm, ACPI_PM_PORTS};
-use crate::bus::{lock, BusDevice, MovableDevice};
+use crate::bus::{BusDevice, MovableDevice};
 use crate::pci::{ConfigSpace, PciFunction, CONFIG_BYTES};
+use crate::sync::lock;
 
 /// Ports of the block PMBA places.
 pub const PM_IO_PORTS: u64 = 64;

@@ -62,6 +62,7 @@
 
 use std::collections::HashSet;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::ops::ControlFlow;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -653,26 +654,7 @@ fn walk<R: Read + Seek>(r: &mut R, len: u64) -> Result<Walk> {
         r.seek(SeekFrom::Start(pos))?;
         r.read_exact(&mut tag)?;
         match tag[0] {
-            TRAILER_TAG => {
-                if len - pos < TRAILER_LEN {
-                    return Ok(Walk::Truncated("trailer"));
-                }
-                let mut t = [0u8; TRAILER_LEN as usize - 1];
-                r.read_exact(&mut t)?;
-                let end = pos + TRAILER_LEN;
-                if end != len {
-                    return Ok(Walk::Garbage {
-                        end,
-                        inside: "trailer",
-                    });
-                }
-                return Ok(Walk::Whole {
-                    sections,
-                    count: u32_at(&t, 0),
-                    total: u64_at(&t, 4),
-                    at: pos,
-                });
-            }
+            TRAILER_TAG => return read_trailer(r, pos, len, sections),
             SECTION_TAG => {}
             other => {
                 return Ok(Walk::Bad(malformed(
@@ -681,64 +663,106 @@ fn walk<R: Read + Seek>(r: &mut R, len: u64) -> Result<Walk> {
                 )))
             }
         }
-        if len - pos < 3 {
-            return Ok(Walk::Truncated("section header"));
-        }
-        let mut kn = [0u8; 2];
-        r.read_exact(&mut kn)?;
-        let Some(kind) = SectionKind::from_code(kn[0]) else {
-            return Ok(Walk::Bad(malformed(
-                pos + 1,
-                format!("unknown section kind {}", kn[0]),
-            )));
+        let section = match read_section_header(r, pos, len)? {
+            ControlFlow::Continue(section) => section,
+            ControlFlow::Break(end) => return Ok(end),
         };
-        let name_len = u64::from(kn[1]);
-        if name_len == 0 || name_len > MAX_NAME_LEN as u64 {
-            return Ok(Walk::Bad(malformed(
-                pos + 2,
-                format!("section name length {name_len} is not 1..={MAX_NAME_LEN}"),
-            )));
-        }
-        if len - pos < 3 + name_len + 8 {
-            return Ok(Walk::Truncated("section header"));
-        }
-        let mut name = vec![0u8; name_len as usize];
-        r.read_exact(&mut name)?;
-        let name = match String::from_utf8(name) {
-            Ok(n) if check_name(&n).is_ok() => n,
-            _ => {
-                return Ok(Walk::Bad(malformed(
-                    pos + 3,
-                    "section name has characters outside A-Z a-z 0-9 . _ -".to_string(),
-                )))
-            }
-        };
-        let mut body_len = [0u8; 8];
-        r.read_exact(&mut body_len)?;
-        let body_len = u64::from_le_bytes(body_len);
-        let offset = pos + 3 + name_len + 8;
-        if body_len > len - offset {
-            return Ok(Walk::Truncated("section body"));
-        }
-        if kind == SectionKind::State && body_len > MAX_STATE_SECTION {
-            return Ok(Walk::Bad(FormatError::StateTooLarge {
-                name,
-                len: body_len,
-                max: MAX_STATE_SECTION,
-            }));
-        }
-        if !names.insert(name.clone()) {
+        if !names.insert(section.name.clone()) {
             return Ok(Walk::Bad(malformed(
                 pos + 3,
-                format!("duplicate section name {name:?}"),
+                format!("duplicate section name {:?}", section.name),
             )));
         }
-        sections.push(SectionInfo {
-            name,
-            kind,
-            offset,
-            len: body_len,
-        });
-        pos = offset + body_len;
+        pos = section.offset + section.len;
+        sections.push(section);
     }
+}
+
+/// [`walk`] at the trailer's tag (at `pos`, already read): the whole file's
+/// outcome, given the `sections` walked before it.
+fn read_trailer<R: Read + Seek>(
+    r: &mut R,
+    pos: u64,
+    len: u64,
+    sections: Vec<SectionInfo>,
+) -> Result<Walk> {
+    if len - pos < TRAILER_LEN {
+        return Ok(Walk::Truncated("trailer"));
+    }
+    let mut t = [0u8; TRAILER_LEN as usize - 1];
+    r.read_exact(&mut t)?;
+    let end = pos + TRAILER_LEN;
+    if end != len {
+        return Ok(Walk::Garbage {
+            end,
+            inside: "trailer",
+        });
+    }
+    Ok(Walk::Whole {
+        sections,
+        count: u32_at(&t, 0),
+        total: u64_at(&t, 4),
+        at: pos,
+    })
+}
+
+/// [`walk`] at a section's tag (at `pos`, already read): the rest of its
+/// header, checked; `Break` with the walk's outcome where it is bad or cut.
+fn read_section_header<R: Read + Seek>(
+    r: &mut R,
+    pos: u64,
+    len: u64,
+) -> Result<ControlFlow<Walk, SectionInfo>> {
+    if len - pos < 3 {
+        return Ok(ControlFlow::Break(Walk::Truncated("section header")));
+    }
+    let mut kn = [0u8; 2];
+    r.read_exact(&mut kn)?;
+    let Some(kind) = SectionKind::from_code(kn[0]) else {
+        return Ok(ControlFlow::Break(Walk::Bad(malformed(
+            pos + 1,
+            format!("unknown section kind {}", kn[0]),
+        ))));
+    };
+    let name_len = u64::from(kn[1]);
+    if name_len == 0 || name_len > MAX_NAME_LEN as u64 {
+        return Ok(ControlFlow::Break(Walk::Bad(malformed(
+            pos + 2,
+            format!("section name length {name_len} is not 1..={MAX_NAME_LEN}"),
+        ))));
+    }
+    if len - pos < 3 + name_len + 8 {
+        return Ok(ControlFlow::Break(Walk::Truncated("section header")));
+    }
+    let mut name = vec![0u8; name_len as usize];
+    r.read_exact(&mut name)?;
+    let name = match String::from_utf8(name) {
+        Ok(n) if check_name(&n).is_ok() => n,
+        _ => {
+            return Ok(ControlFlow::Break(Walk::Bad(malformed(
+                pos + 3,
+                "section name has characters outside A-Z a-z 0-9 . _ -".to_string(),
+            ))))
+        }
+    };
+    let mut body_len = [0u8; 8];
+    r.read_exact(&mut body_len)?;
+    let body_len = u64::from_le_bytes(body_len);
+    let offset = pos + 3 + name_len + 8;
+    if body_len > len - offset {
+        return Ok(ControlFlow::Break(Walk::Truncated("section body")));
+    }
+    if kind == SectionKind::State && body_len > MAX_STATE_SECTION {
+        return Ok(ControlFlow::Break(Walk::Bad(FormatError::StateTooLarge {
+            name,
+            len: body_len,
+            max: MAX_STATE_SECTION,
+        })));
+    }
+    Ok(ControlFlow::Continue(SectionInfo {
+        name,
+        kind,
+        offset,
+        len: body_len,
+    }))
 }

@@ -304,13 +304,6 @@ fn compare_device(
 ) {
     use DeviceConfig::*;
     let id = saved.id();
-    let slot = |errors: &mut Vec<String>, what: &str, s: &MmioSlot, a: &MmioSlot| {
-        if s != a {
-            errors.push(format!(
-                "{what} {id}: snapshot has it at {s}, this VM puts it at {a}"
-            ));
-        }
-    };
     let where_ = |p: Option<u8>| match p {
         Some(n) => format!("on PCI at 00:{n:02x}.0 (transport=pci)"),
         None => "on virtio-mmio (transport=mmio)".to_string(),
@@ -324,90 +317,125 @@ fn compare_device(
     }
     match (saved, asked) {
         (Serial { .. }, Serial { .. }) | (PciHost { .. }, PciHost { .. }) => {}
-        (
-            Net {
-                tap: st,
-                mac: sm,
-                rsc: sr,
-                slot: ss,
-                ..
-            },
-            Net {
-                tap: at,
-                mac: am,
-                rsc: ar,
-                slot: asl,
-                ..
-            },
-        ) => {
-            if sr != ar {
-                let on = |r: &bool| if *r { "on" } else { "off" };
-                errors.push(format!(
-                    "NIC {id}: snapshot has rsc={}, this VM asks for rsc={}",
-                    on(sr),
-                    on(ar)
-                ));
-            }
-            if sm != am {
-                errors.push(format!(
-                    "NIC {id}: snapshot has MAC {}, this VM asks for {}",
-                    mac::format(sm),
-                    mac::format(am)
-                ));
-            }
-            slot(errors, "NIC", ss, asl);
-            if st != at {
-                notes.push(format!("NIC {id}: snapshot was on {st}, now on {at}"));
-            }
-        }
-        (
-            Blk {
-                path: sp,
-                readonly: sr,
-                bytes: sb,
-                serial: sserial,
-                slot: ss,
-                ..
-            },
-            Blk {
-                path: ap,
-                readonly: ar,
-                bytes: ab,
-                serial: aserial,
-                slot: asl,
-                ..
-            },
-        ) => {
-            if sb != ab {
-                errors.push(format!(
-                    "disk {id}: snapshot has a disk of {}, {ap} is {}",
-                    size(*sb),
-                    size(*ab)
-                ));
-            }
-            if sserial != aserial {
-                errors.push(format!(
-                    "disk {id}: snapshot has id {sserial:?}, this VM asks for {aserial:?}"
-                ));
-            }
-            if sr != ar {
-                let ro = |r: &bool| if *r { "read-only" } else { "read-write" };
-                errors.push(format!(
-                    "disk {id}: snapshot has it {}, this VM asks for {}",
-                    ro(sr),
-                    ro(ar)
-                ));
-            }
-            slot(errors, "disk", ss, asl);
-            if sp != ap {
-                notes.push(format!("disk {id}: snapshot was on {sp}, now on {ap}"));
-            }
-        }
+        (Net { .. }, Net { .. }) => compare_net(saved, asked, errors, notes),
+        (Blk { .. }, Blk { .. }) => compare_blk(saved, asked, errors, notes),
         _ => errors.push(format!(
             "snapshot has {}, this VM asks for {}",
             saved.describe(),
             asked.describe()
         )),
+    }
+}
+
+/// A device's virtio-mmio slot must not move: the guest found it there.
+fn compare_slot(errors: &mut Vec<String>, what: &str, id: &str, s: &MmioSlot, a: &MmioSlot) {
+    if s != a {
+        errors.push(format!(
+            "{what} {id}: snapshot has it at {s}, this VM puts it at {a}"
+        ));
+    }
+}
+
+/// [`compare_device`] for two NICs (anything else compares as equal).
+fn compare_net(
+    saved: &DeviceConfig,
+    asked: &DeviceConfig,
+    errors: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    let (
+        DeviceConfig::Net {
+            id,
+            tap: st,
+            mac: sm,
+            rsc: sr,
+            slot: ss,
+            ..
+        },
+        DeviceConfig::Net {
+            tap: at,
+            mac: am,
+            rsc: ar,
+            slot: asl,
+            ..
+        },
+    ) = (saved, asked)
+    else {
+        return;
+    };
+    if sr != ar {
+        let on = |r: &bool| if *r { "on" } else { "off" };
+        errors.push(format!(
+            "NIC {id}: snapshot has rsc={}, this VM asks for rsc={}",
+            on(sr),
+            on(ar)
+        ));
+    }
+    if sm != am {
+        errors.push(format!(
+            "NIC {id}: snapshot has MAC {}, this VM asks for {}",
+            mac::format(sm),
+            mac::format(am)
+        ));
+    }
+    compare_slot(errors, "NIC", id, ss, asl);
+    if st != at {
+        notes.push(format!("NIC {id}: snapshot was on {st}, now on {at}"));
+    }
+}
+
+/// [`compare_device`] for two disks (anything else compares as equal).
+fn compare_blk(
+    saved: &DeviceConfig,
+    asked: &DeviceConfig,
+    errors: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    let (
+        DeviceConfig::Blk {
+            id,
+            path: sp,
+            readonly: sr,
+            bytes: sb,
+            serial: sserial,
+            slot: ss,
+            ..
+        },
+        DeviceConfig::Blk {
+            path: ap,
+            readonly: ar,
+            bytes: ab,
+            serial: aserial,
+            slot: asl,
+            ..
+        },
+    ) = (saved, asked)
+    else {
+        return;
+    };
+    if sb != ab {
+        errors.push(format!(
+            "disk {id}: snapshot has a disk of {}, {ap} is {}",
+            size(*sb),
+            size(*ab)
+        ));
+    }
+    if sserial != aserial {
+        errors.push(format!(
+            "disk {id}: snapshot has id {sserial:?}, this VM asks for {aserial:?}"
+        ));
+    }
+    if sr != ar {
+        let ro = |r: &bool| if *r { "read-only" } else { "read-write" };
+        errors.push(format!(
+            "disk {id}: snapshot has it {}, this VM asks for {}",
+            ro(sr),
+            ro(ar)
+        ));
+    }
+    compare_slot(errors, "disk", id, ss, asl);
+    if sp != ap {
+        notes.push(format!("disk {id}: snapshot was on {sp}, now on {ap}"));
     }
 }
 

@@ -61,7 +61,8 @@ use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpRespo
 use tokio::runtime::{Handle, Runtime};
 
 use crate::arbiter::{Arbiter, ArbiterError, ArbiterInfo, Gate};
-use crate::etcd_keepalive::{lock, Connector, KeepAlive, Shared};
+use crate::etcd_keepalive::{Connector, KeepAlive, Shared};
+use crate::sync::lock;
 
 /// The shortest TTL: etcd's own minimum with its default timing
 /// (1.5 × the 1 s election timeout, rounded up).

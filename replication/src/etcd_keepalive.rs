@@ -10,7 +10,7 @@
 //! the gate only under [`Shared`]'s lock and only while its lease is still
 //! the held one, so a released lease's task cannot reopen anything.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
@@ -19,12 +19,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{self, MissedTickBehavior};
 
 use crate::arbiter::Gate;
-
-/// Locks `m`, taking over a lock poisoned by a panicking holder (the data
-/// under these locks stays consistent at every step).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 /// The part of a gate's deadline a renewal or a grant gives: output may
 /// go on until 2/3 of the TTL after the request was sent, a third of the

@@ -33,6 +33,9 @@
 //! - [`journal`]: the secondary's disk: the primary's writes journaled
 //!   until a checkpoint commits, its own guest's writes in an overlay
 //!   dropped at each checkpoint and merged at failover.
+//!
+//! Shared: `sync` (crate-private), the one lock helper, which takes over a
+//! lock poisoned by a panicking holder.
 
 pub mod arbiter;
 pub mod compare;
@@ -45,3 +48,4 @@ pub mod packet;
 pub mod rewrite;
 pub mod schedule;
 pub mod survivor;
+mod sync;

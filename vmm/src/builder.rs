@@ -136,7 +136,7 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
             cfg.kernel.display()
         );
         let blobs = boot::fw_kernel::blobs(&cfg.kernel, cfg.initrd.as_deref(), &cmdline)?;
-        devices::bus::lock(&devices.fw_cfg).set_kernel(blobs);
+        devices::sync::lock(&devices.fw_cfg).set_kernel(blobs);
     }
     // A firmware boot leaves the boot vCPU at the reset vector.
     let entry = match start {

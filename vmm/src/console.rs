@@ -30,7 +30,7 @@ pub fn enter_raw_mode() -> bool {
     if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut t) } != 0 {
         return false;
     }
-    *devices::bus::lock(&SAVED_TERMIOS) = Some(t);
+    *devices::sync::lock(&SAVED_TERMIOS) = Some(t);
     let mut raw = t;
     raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG | libc::IEXTEN);
     raw.c_iflag &= !(libc::ICRNL | libc::IXON | libc::INLCR | libc::IGNCR);
@@ -129,7 +129,7 @@ pub fn spawn_input<W: Write + Send + 'static>(
                     bytes.extend_from_slice(input);
                 }
                 loop {
-                    let mut s = devices::bus::lock(&serial);
+                    let mut s = devices::sync::lock(&serial);
                     if s.pending_input() < MAX_PENDING_INPUT {
                         s.queue_input(&bytes);
                         break;

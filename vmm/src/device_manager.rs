@@ -229,9 +229,9 @@ impl VirtioSlot {
     /// The device's state (the VM must be paused).
     pub fn save(&self) -> Result<DeviceState, DeviceError> {
         let (transport, pci) = match &self.transport {
-            TransportHandle::Mmio(t) => (devices::bus::lock(t).save(), None),
+            TransportHandle::Mmio(t) => (devices::sync::lock(t).save(), None),
             TransportHandle::Pci(t) => {
-                let t = devices::bus::lock(t);
+                let t = devices::sync::lock(t);
                 (t.save().map(|s| s.0), Some(t.save_pci()))
             }
         };
@@ -279,8 +279,8 @@ impl VirtioSlot {
         pci: Option<&VirtioPciState>,
     ) -> Result<(), DeviceError> {
         match (&self.transport, pci) {
-            (TransportHandle::Mmio(m), None) => devices::bus::lock(m).check_state(t),
-            (TransportHandle::Pci(p), Some(pci)) => devices::bus::lock(p).check_state(t, pci),
+            (TransportHandle::Mmio(m), None) => devices::sync::lock(m).check_state(t),
+            (TransportHandle::Pci(p), Some(pci)) => devices::sync::lock(p).check_state(t, pci),
             _ => return Err(self.other_transport()),
         }
         .map_err(|source| self.state_err(source))
@@ -299,7 +299,7 @@ impl VirtioSlot {
     pub fn announce(&self) -> Option<std::io::Result<usize>> {
         match (&self.config, &self.report) {
             (DeviceConfig::Net { mac, .. }, Report::Net { handler, .. }) => {
-                Some(devices::bus::lock(handler).announce(*mac))
+                Some(devices::sync::lock(handler).announce(*mac))
             }
             _ => None,
         }
@@ -316,7 +316,7 @@ impl VirtioSlot {
         let Report::Net { tap, handler, .. } = &self.report else {
             return None;
         };
-        let asked = devices::bus::lock(handler).replace_backend(backend);
+        let asked = devices::sync::lock(handler).replace_backend(backend);
         Some(match asked {
             Err(e) => Err(format!("tap {tap}: {}", e.source)),
             Ok(done) => match done.recv_timeout(wait) {
@@ -371,8 +371,8 @@ impl VirtioSlot {
         pci: Option<&VirtioPciState>,
     ) -> Result<(), DeviceError> {
         match (&self.transport, pci) {
-            (TransportHandle::Mmio(m), None) => devices::bus::lock(m).restore(t),
-            (TransportHandle::Pci(p), Some(pci)) => devices::bus::lock(p).restore_all(t, pci),
+            (TransportHandle::Mmio(m), None) => devices::sync::lock(m).restore(t),
+            (TransportHandle::Pci(p), Some(pci)) => devices::sync::lock(p).restore_all(t, pci),
             _ => return Err(self.other_transport()),
         }
         .map_err(|source| self.state_err(source))
@@ -431,7 +431,7 @@ impl Devices {
         let irq = self.serial_irq.try_clone().map_err(DeviceError::EventFd)?;
         let out = ConsoleOut::new(io::stdout(), self.exit.clone());
         let uart = Serial::from_state(irq, out, state).map_err(DeviceError::Serial)?;
-        *devices::bus::lock(&self.serial) = uart;
+        *devices::sync::lock(&self.serial) = uart;
         Ok(())
     }
 }
@@ -675,7 +675,7 @@ impl DeviceManager {
         })?;
         let bad_accesses = transport.bad_accesses();
         let transport = Arc::new(Mutex::new(transport));
-        devices::bus::lock(&bus)
+        devices::sync::lock(&bus)
             .add(pci, transport.clone())
             .map_err(|source| DeviceError::PciSlot { id, source })?;
         self.subscribers.add_subscriber(parts.handler);
@@ -705,7 +705,7 @@ pub fn metrics_json(virtio: &[VirtioSlot], exits: &ExitCounts) -> serde_json::Va
                 let mut c = counters.snapshot();
                 c.bad_register_accesses += bad;
                 // `null` when RSC is off.
-                let rsc = devices::bus::lock(handler).rsc_counters();
+                let rsc = devices::sync::lock(handler).rsc_counters();
                 net.push(serde_json::json!({ "tap": tap, "counters": c, "rsc": rsc }));
             }
             Report::Disk {

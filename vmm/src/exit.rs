@@ -96,7 +96,7 @@ impl ExitSignal {
             .name("acpi-grace".into())
             .spawn(move || {
                 std::thread::sleep(ACPI_POWER_OFF_GRACE);
-                if devices::bus::lock(&me.reason).is_none() {
+                if devices::sync::lock(&me.reason).is_none() {
                     log::warn!(
                         "the guest printed its power-off line but made no ACPI power-off \
                          within {} s: taking the line as the power-off",
@@ -118,7 +118,7 @@ impl ExitSignal {
 
     /// Records `why` (the first reason wins) and wakes the main thread.
     pub fn signal(&self, why: VmExit) {
-        let mut r = devices::bus::lock(&self.reason);
+        let mut r = devices::sync::lock(&self.reason);
         if r.is_none() {
             *r = Some(why);
         }
@@ -131,12 +131,12 @@ impl ExitSignal {
     /// Notes that the guest kernel announced a panic: a reset that follows
     /// is reported as the panic, not as a reboot.
     pub fn note_panic(&self, line: String) {
-        devices::bus::lock(&self.panic_line).get_or_insert(line);
+        devices::sync::lock(&self.panic_line).get_or_insert(line);
     }
 
     /// The panic line, if the guest announced one.
     pub fn panic_line(&self) -> Option<String> {
-        devices::bus::lock(&self.panic_line).clone()
+        devices::sync::lock(&self.panic_line).clone()
     }
 
     /// Blocks until the VM ends and returns why.
@@ -161,7 +161,7 @@ impl ExitSignal {
 
     /// Why the VM ended, once its eventfd fired.
     pub fn reason(&self) -> VmExit {
-        let reason = devices::bus::lock(&self.reason).take();
+        let reason = devices::sync::lock(&self.reason).take();
         match (reason, self.panic_line()) {
             (Some(VmExit::Reboot) | None, Some(p)) => VmExit::Panic(p),
             (Some(r), _) => r,
@@ -201,7 +201,7 @@ mod tests {
         s.expect_acpi_power_off();
         let t = std::time::Instant::now();
         s.console_power_off();
-        assert!(devices::bus::lock(&s.reason).is_none());
+        assert!(devices::sync::lock(&s.reason).is_none());
         assert_eq!(s.wait(), VmExit::PowerOff);
         assert!(t.elapsed() >= ACPI_POWER_OFF_GRACE);
     }

@@ -232,7 +232,7 @@ impl GuestRam {
     /// that are no longer in memory. The VM must be paused. A dirty log
     /// that is on stays on, from clean.
     pub fn forget_mappings(&self) -> Result<(), MemoryError> {
-        let log = devices::bus::lock(&self.log);
+        let log = devices::sync::lock(&self.log);
         let flags = if log.on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 };
         for s in &self.slots {
             let gone = Slot { bytes: 0, ..*s };
@@ -244,7 +244,7 @@ impl GuestRam {
 
     /// Whether the dirty log is on.
     pub fn logging(&self) -> bool {
-        devices::bus::lock(&self.log).on
+        devices::sync::lock(&self.log).on
     }
 
     /// Turns the dirty log on: every slot is re-registered with
@@ -252,7 +252,7 @@ impl GuestRam {
     /// and the device bitmaps start from empty. Every page counts as clean
     /// from here: the caller copies all of memory once first.
     pub fn start_dirty_log(&self) -> Result<(), MemoryError> {
-        let mut log = devices::bus::lock(&self.log);
+        let mut log = devices::sync::lock(&self.log);
         if log.on {
             return Ok(());
         }
@@ -284,7 +284,7 @@ impl GuestRam {
 
     /// Turns the dirty log off again (slots registered without logging).
     pub fn stop_dirty_log(&self) -> Result<(), MemoryError> {
-        let mut log = devices::bus::lock(&self.log);
+        let mut log = devices::sync::lock(&self.log);
         if !log.on {
             return Ok(());
         }
@@ -304,7 +304,7 @@ impl GuestRam {
 
     /// [`Self::dirty_pages`] with the two sources apart (for reports).
     pub fn harvest(&self) -> Result<Vec<SlotDirty>, MemoryError> {
-        let log = *devices::bus::lock(&self.log);
+        let log = *devices::sync::lock(&self.log);
         let mut out = Vec::with_capacity(self.slots.len());
         for (s, region) in self.slots.iter().zip(self.mem.iter()) {
             let words = s.pages().div_ceil(64) as usize;
@@ -382,7 +382,7 @@ impl GuestRam {
         range: (u64, u64),
         bitmap: &mut [u64],
     ) -> Result<(), MemoryError> {
-        let log = *devices::bus::lock(&self.log);
+        let log = *devices::sync::lock(&self.log);
         if !log.on || !log.manual || range.1 == 0 {
             return Ok(());
         }

@@ -79,17 +79,17 @@ impl ThreadKick {
     /// Registers the calling thread as the one to kick.
     pub fn register_current(&self) {
         // SAFETY: pthread_self has no preconditions.
-        *devices::bus::lock(&self.thread) = Some(unsafe { libc::pthread_self() });
+        *devices::sync::lock(&self.thread) = Some(unsafe { libc::pthread_self() });
     }
 
     /// Unregisters the thread (called by it before it ends).
     pub fn unregister(&self) {
-        *devices::bus::lock(&self.thread) = None;
+        *devices::sync::lock(&self.thread) = None;
     }
 
     /// Sends the kick signal to the registered thread, if any.
     pub fn kick(&self) {
-        let t = devices::bus::lock(&self.thread);
+        let t = devices::sync::lock(&self.thread);
         if let Some(thread) = *t {
             // SAFETY: the thread is registered, so it has not ended (it
             // unregisters under this lock before it does) and its pthread_t
@@ -128,7 +128,7 @@ impl Gate {
         if !self.pause_requested() {
             return;
         }
-        let mut s = devices::bus::lock(&self.state);
+        let mut s = devices::sync::lock(&self.state);
         if !s.paused {
             return;
         }
@@ -169,7 +169,7 @@ impl Gate {
         mut kick: impl FnMut(),
     ) -> Result<(), PauseError> {
         let start = Instant::now();
-        let mut s = devices::bus::lock(&self.state);
+        let mut s = devices::sync::lock(&self.state);
         s.paused = true;
         self.requested.store(true, Ordering::SeqCst);
         while s.parked < total {
@@ -182,7 +182,7 @@ impl Gate {
             }
             drop(s);
             kick();
-            s = devices::bus::lock(&self.state);
+            s = devices::sync::lock(&self.state);
             // A thread woken by the kick may have parked (and notified) in
             // the moment the lock was free: waiting then would lose a whole
             // kick period.
@@ -199,7 +199,7 @@ impl Gate {
 
     /// Lets the parked threads go.
     pub fn resume(&self) {
-        let mut s = devices::bus::lock(&self.state);
+        let mut s = devices::sync::lock(&self.state);
         s.paused = false;
         self.requested.store(false, Ordering::SeqCst);
         self.changed.notify_all();
@@ -262,7 +262,7 @@ mod tests {
         let period = Duration::from_secs(30);
         let kick = || {
             tx.send(()).unwrap();
-            while devices::bus::lock(&gate.state).parked == 0 {
+            while devices::sync::lock(&gate.state).parked == 0 {
                 std::thread::yield_now();
             }
         };

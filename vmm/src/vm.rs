@@ -192,7 +192,7 @@ pub struct RevertDone {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    devices::bus::lock(m)
+    devices::sync::lock(m)
 }
 
 impl VmHandle {
@@ -510,12 +510,12 @@ impl VmHandle {
     /// Guest RAM, its KVM slots and its dirty log.
     /// This VM's side of a COLO pair, if any.
     pub fn colo(&self) -> Option<Arc<crate::colo::Side>> {
-        devices::bus::lock(&self.0.colo).clone()
+        devices::sync::lock(&self.0.colo).clone()
     }
 
     /// Makes `side` this VM's side of a COLO pair.
     pub fn set_colo(&self, side: Arc<crate::colo::Side>) {
-        *devices::bus::lock(&self.0.colo) = Some(side);
+        *devices::sync::lock(&self.0.colo) = Some(side);
     }
 
     /// How this VM's migration and COLO streams cross the network.

@@ -13,7 +13,8 @@
 use std::sync::{Arc, Mutex};
 
 use super::{PciBus, SharedFunction, CONFIG_BYTES};
-use crate::bus::{lock, BusDevice};
+use crate::bus::BusDevice;
+use crate::sync::lock;
 
 /// Bytes of ECAM for one bus: 32 devices of 8 functions of 4 KiB.
 pub const ECAM_BUS_BYTES: u64 = 1 << 20;

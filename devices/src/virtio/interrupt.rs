@@ -188,7 +188,7 @@ impl Interrupt {
     /// The MSI-X enable and masks (defaults on a line).
     pub fn mask_state(&self) -> MaskState {
         match &self.kind {
-            Kind::Msix(m) => crate::bus::lock(&m.mask).clone(),
+            Kind::Msix(m) => crate::sync::lock(&m.mask).clone(),
             Kind::Line(_) => MaskState::default(),
         }
     }
@@ -199,7 +199,7 @@ impl Interrupt {
         let Kind::Msix(m) = &self.kind else {
             return;
         };
-        let mut s = crate::bus::lock(&m.mask);
+        let mut s = crate::sync::lock(&m.mask);
         let n = m.vectors.len();
         f(&mut s);
         s.masked.resize(n, true);
@@ -242,7 +242,7 @@ impl Msix {
         let Some(evt) = self.vectors.get(v) else {
             return;
         };
-        let mut s = crate::bus::lock(&self.mask);
+        let mut s = crate::sync::lock(&self.mask);
         if !s.enabled {
             return;
         }

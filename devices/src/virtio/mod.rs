@@ -57,6 +57,20 @@ pub enum ActivateError {
     Notify(#[source] io::Error),
 }
 
+impl ActivateError {
+    /// `Ok` when the driver set up exactly the `wanted` queues a device has.
+    pub fn check_queue_count(queues: &[Queue], wanted: usize) -> Result<(), ActivateError> {
+        if queues.len() == wanted {
+            Ok(())
+        } else {
+            Err(ActivateError::QueueCount {
+                wanted,
+                got: queues.len(),
+            })
+        }
+    }
+}
+
 /// A virtio device behind a transport.
 pub trait VirtioDevice: Send {
     /// The virtio device id (1 = net, 2 = block).
@@ -81,4 +95,17 @@ pub trait VirtioDevice: Send {
     /// The live state of the queues (where the device has got to in each
     /// ring), in index order, while the device is active; `None` otherwise.
     fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>>;
+}
+
+/// Answers a driver read of `data.len()` bytes at `offset` from a device's
+/// configuration space `config`; bytes past its end (or an offset that does
+/// not fit a `usize`) read as zero. Every device's `read_config` is this.
+pub fn read_config_space(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o).copied())
+            .unwrap_or(0);
+    }
 }

@@ -234,11 +234,11 @@ impl Side {
     /// `colo_reprotect`: the side's thread starts a new pair with a new
     /// secondary at its next turn (if it still serves alone then).
     pub fn request_reprotect(&self, params: Params) {
-        *devices::bus::lock(&self.reprotect) = Some(params);
+        *devices::sync::lock(&self.reprotect) = Some(params);
     }
 
     fn take_reprotect(&self) -> Option<Params> {
-        devices::bus::lock(&self.reprotect).take()
+        devices::sync::lock(&self.reprotect).take()
     }
 
     /// A new pair from this side, as its primary: a fresh report (the
@@ -259,23 +259,23 @@ impl Side {
 
     /// The report now.
     pub fn report(&self) -> Report {
-        let mut r = devices::bus::lock(&self.report).clone();
-        r.last_heartbeat_age_ms = devices::bus::lock(&self.heartbeat_at)
+        let mut r = devices::sync::lock(&self.report).clone();
+        r.last_heartbeat_age_ms = devices::sync::lock(&self.heartbeat_at)
             .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX));
         r
     }
 
     fn update(&self, f: impl FnOnce(&mut Report)) {
-        f(&mut devices::bus::lock(&self.report));
+        f(&mut devices::sync::lock(&self.report));
     }
 
     /// When the peer was last heard from.
     fn heard_at(&self) -> Option<Instant> {
-        *devices::bus::lock(&self.heartbeat_at)
+        *devices::sync::lock(&self.heartbeat_at)
     }
 
     fn heard(&self, at: Instant) {
-        *devices::bus::lock(&self.heartbeat_at) = Some(at);
+        *devices::sync::lock(&self.heartbeat_at) = Some(at);
     }
 
     /// `colo_failover`: the side's thread acts on it at its next turn.
@@ -290,11 +290,11 @@ impl Side {
 
     /// A checkpoint the compare asks for.
     pub fn request(&self, reason: replication::schedule::Reason) {
-        devices::bus::lock(&self.requests).push(reason);
+        devices::sync::lock(&self.requests).push(reason);
     }
 
     fn requested(&self) -> Vec<replication::schedule::Reason> {
-        std::mem::take(&mut *devices::bus::lock(&self.requests))
+        std::mem::take(&mut *devices::sync::lock(&self.requests))
     }
 
     /// Ends the side's thread (the VMM is ending).

@@ -230,7 +230,7 @@ fn sync(vm: &VmHandle, params: &Params, side: &Side) -> Result<Conn, ColoError> 
     let status = Mutex::new(crate::migrate::Status::new(&params.to, &mparams));
     let synced =
         crate::migrate::source::sync_keeping(vm, &params.to, &mparams, &status, &side.stop);
-    side.update(|r| r.sync = Some(devices::bus::lock(&status).clone()));
+    side.update(|r| r.sync = Some(devices::sync::lock(&status).clone()));
     let mut conn = synced?;
     conn.set_timeouts(Duration::from_millis(u64::from(
         params.heartbeat_timeout_ms,

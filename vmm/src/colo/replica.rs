@@ -94,7 +94,7 @@ impl Replica {
     }
 
     fn disk(&self) -> std::sync::MutexGuard<'_, SecondaryDisk<Image>> {
-        devices::bus::lock(&self.disk)
+        devices::sync::lock(&self.disk)
     }
 
     /// A write of the primary's guest (checked against the image's size).

@@ -79,7 +79,7 @@ impl GsiRouting {
 
     /// Takes `n` GSIs for a device's vectors; `None` when KVM has no more.
     pub fn allocate(&self, n: u32) -> Option<u32> {
-        let mut t = devices::bus::lock(&self.table);
+        let mut t = devices::sync::lock(&self.table);
         let first = t.next;
         let end = first.checked_add(n).filter(|&e| e <= MAX_GSI)?;
         t.next = end;
@@ -89,7 +89,7 @@ impl GsiRouting {
     /// Routes `gsi` to the MSI message (`address`, `data`) and hands KVM
     /// the whole table.
     fn set_msi(&self, gsi: u32, address: u64, data: u32) -> io::Result<()> {
-        let mut t = devices::bus::lock(&self.table);
+        let mut t = devices::sync::lock(&self.table);
         t.msi.insert(gsi, (address, data));
         let mut entries = default_routes();
         for (&gsi, &(address, data)) in &t.msi {

@@ -41,7 +41,7 @@ pub(super) fn attach(
     pio.insert(pm.clone(), ACPI_PM_PORT, ACPI_PM_PORTS)?;
     let pm_function = Arc::new(Mutex::new(Piix4Pm::new(pm.clone())));
     let (slot, function) = PM_FUNCTION;
-    devices::bus::lock(&bus)
+    devices::sync::lock(&bus)
         .add_function(slot, function, pm_function.clone())
         .map_err(|source| DeviceError::PciSlot {
             id: "PIIX4 PM (00:01.3)".into(),

@@ -60,7 +60,7 @@ impl Turns {
         if !self.wanted() {
             return;
         }
-        let mut s = devices::bus::lock(&self.state);
+        let mut s = devices::sync::lock(&self.state);
         s.migration = true;
         self.changed.notify_all();
         while s.migration && self.wanted() {
@@ -75,7 +75,7 @@ impl Turns {
     /// The device loop has ended: no more turns (an inline migration runs
     /// on alone).
     pub fn close(&self) {
-        let mut s = devices::bus::lock(&self.state);
+        let mut s = devices::sync::lock(&self.state);
         s.closed = true;
         self.changed.notify_all();
     }
@@ -85,7 +85,7 @@ impl Turns {
     /// migration runs without it.
     fn take(&self, free: &dyn Fn() -> bool) {
         self.wanted.store(true, Ordering::SeqCst);
-        let mut s = devices::bus::lock(&self.state);
+        let mut s = devices::sync::lock(&self.state);
         while !s.migration && !s.closed && !free() {
             s = self
                 .changed
@@ -99,7 +99,7 @@ impl Turns {
     /// another one.
     fn give_back(&self, more: bool) {
         self.wanted.store(more, Ordering::SeqCst);
-        let mut s = devices::bus::lock(&self.state);
+        let mut s = devices::sync::lock(&self.state);
         s.migration = false;
         self.changed.notify_all();
     }

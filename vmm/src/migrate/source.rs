@@ -61,7 +61,7 @@ impl Ended {
     }
 
     fn tell(&self, status: Status) {
-        *devices::bus::lock(&self.last) = Some(status);
+        *devices::sync::lock(&self.last) = Some(status);
         if let Err(e) = self.evt.write(1) {
             log::error!("cannot wake the VMM thread: {e}");
         }
@@ -76,7 +76,7 @@ impl Ended {
     /// On the VMM thread, once the eventfd fired: how the migration ended.
     pub fn take(&self) -> Option<Status> {
         let _ = self.evt.read();
-        devices::bus::lock(&self.last).take()
+        devices::sync::lock(&self.last).take()
     }
 }
 
@@ -107,7 +107,7 @@ impl Migration {
             .name("migration".into())
             .spawn(move || {
                 migrate(&vm, &to, &params, &st, &c);
-                let last = devices::bus::lock(&st).clone();
+                let last = devices::sync::lock(&st).clone();
                 if last.phase == Phase::Completed {
                     // Let a follower read the report before this VMM ends.
                     let t = Instant::now();
@@ -127,7 +127,7 @@ impl Migration {
 
     /// Where it is.
     pub fn status(&self) -> Status {
-        let s = devices::bus::lock(&self.status).clone();
+        let s = devices::sync::lock(&self.status).clone();
         if s.phase == Phase::Completed {
             self.collected.store(true, Ordering::SeqCst);
         }
@@ -285,7 +285,7 @@ impl<'a> Run<'a> {
     }
 
     fn update(&self, f: impl FnOnce(&mut Status)) {
-        f(&mut devices::bus::lock(self.status));
+        f(&mut devices::sync::lock(self.status));
     }
 
     fn check_going(&self) -> Result<(), MigrateError> {
@@ -482,7 +482,7 @@ impl<'a> Run<'a> {
         protocol::write_message(conn, &Message::State(image))?;
         protocol::expect(conn, Command::Ready)?;
         lap(&mut parts.handover_ms);
-        let round = devices::bus::lock(self.status).round + 1;
+        let round = devices::sync::lock(self.status).round + 1;
         self.round_done(round);
         self.update(|s| s.downtime_parts = Some(parts));
         Ok(())
@@ -578,7 +578,7 @@ fn pre_copy_stop<'s>(run: &Run<'s>, progress: &'s dyn Fn(&Sent)) -> Stop<'s> {
 /// What has been sent, into the status (after each batch).
 fn progress_to(status: &Mutex<Status>) -> impl Fn(&Sent) + '_ {
     move |sent: &Sent| {
-        let mut s = devices::bus::lock(status);
+        let mut s = devices::sync::lock(status);
         s.sent_bytes = sent.bytes();
         s.pages = sent.pages();
         s.zero_pages = sent.zero_pages();

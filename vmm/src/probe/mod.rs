@@ -226,7 +226,7 @@ impl Probe {
     /// Records `label` at this instant.
     pub fn mark(&self, label: &str) {
         let t_ms = self.now_ms();
-        devices::bus::lock(&self.marks).push(Mark {
+        devices::sync::lock(&self.marks).push(Mark {
             t_ms,
             label: label.to_owned(),
         });
@@ -254,7 +254,7 @@ impl Probe {
         self.stop.store(true, Ordering::SeqCst);
         let pings = join(self.pinger.take());
         let gaps = join(self.collector.take());
-        let marks = std::mem::take(&mut *devices::bus::lock(&self.marks));
+        let marks = std::mem::take(&mut *devices::sync::lock(&self.marks));
         ProbeData {
             start_unix_ms: self.start_unix_ms,
             interval_ms: self.interval.as_secs_f64() * 1000.0,

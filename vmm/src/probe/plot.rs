@@ -48,7 +48,7 @@ pub fn plot(data: &ProbeData, path: &Path) -> Result<(), ProbeError> {
 /// Reads [`FONT`] and gives it to plotters as "sans-serif", once.
 fn register_font() -> Result<(), ProbeError> {
     static DONE: Mutex<bool> = Mutex::new(false);
-    let mut done = devices::bus::lock(&DONE);
+    let mut done = devices::sync::lock(&DONE);
     if *done {
         return Ok(());
     }

@@ -158,12 +158,12 @@ impl Profiler {
     /// Starts sampling every vCPU `hz` times a second.
     pub fn start(self: &Arc<Self>, hz: u32) -> Result<(), ProfileError> {
         let hz = check_hz(hz)?;
-        let mut session = devices::bus::lock(&self.session);
+        let mut session = devices::sync::lock(&self.session);
         if session.is_some() {
             return Err(ProfileError::Running);
         }
         for v in &self.vcpus {
-            *devices::bus::lock(&v.set) = SampleSet::default();
+            *devices::sync::lock(&v.set) = SampleSet::default();
         }
         let stop = Arc::new(AtomicBool::new(false));
         let ticks = Arc::new(AtomicU64::new(0));
@@ -186,7 +186,7 @@ impl Profiler {
 
     /// Whether a profile is running.
     pub fn running(&self) -> bool {
-        devices::bus::lock(&self.session).is_some()
+        devices::sync::lock(&self.session).is_some()
     }
 
     /// The sampler thread: marks and kicks every vCPU once per period.
@@ -226,7 +226,7 @@ impl Profiler {
         }
         let start = Instant::now();
         let sample = take_sample(fd, mem);
-        let mut set = devices::bus::lock(&slot.set);
+        let mut set = devices::sync::lock(&slot.set);
         match sample {
             None => set.failed += 1,
             Some((chain, None)) => {
@@ -244,7 +244,7 @@ impl Profiler {
 
     /// Stops the running profile and returns its samples.
     pub fn stop(&self) -> Result<Profile, ProfileError> {
-        let session = devices::bus::lock(&self.session)
+        let session = devices::sync::lock(&self.session)
             .take()
             .ok_or(ProfileError::NotRunning)?;
         session.stop.store(true, Ordering::Relaxed);
@@ -254,7 +254,7 @@ impl Profiler {
         let seconds = session.started.elapsed().as_secs_f64();
         let mut all = SampleSet::default();
         for v in &self.vcpus {
-            all.merge(std::mem::take(&mut *devices::bus::lock(&v.set)));
+            all.merge(std::mem::take(&mut *devices::sync::lock(&v.set)));
         }
         Ok(Profile {
             hz: session.hz,

@@ -13,7 +13,7 @@ use super::disk::{ID_BYTES, SECTOR_SIZE};
 use super::features::{self, DISCARD, FLUSH, RO, WRITE_ZEROES};
 use super::metrics::BlockMetrics;
 use super::request::{MAX_RANGE_SECTORS, MAX_SEGMENTS};
-use crate::virtio::{ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
+use crate::virtio::{read_config_space, ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
 
 /// Virtio device id of a block device.
 pub const TYPE_BLOCK: u32 = 2;
@@ -142,14 +142,7 @@ impl VirtioDevice for Block {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let c = self.config_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| c.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_space(&self.config_bytes(), offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {
@@ -163,23 +156,18 @@ impl VirtioDevice for Block {
         mut queues: Vec<Queue>,
         mem: GuestMemoryMmap,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                wanted: 1,
-                got: queues.len(),
-            });
-        }
+        ActivateError::check_queue_count(&queues, 1)?;
         let queue = queues.pop().ok_or(ActivateError::BadQueue(0))?;
-        crate::bus::lock(&self.state).active = Some(Active { queue, mem, acked });
+        crate::sync::lock(&self.state).active = Some(Active { queue, mem, acked });
         self.activate_evt.write(1).map_err(ActivateError::Notify)
     }
 
     fn reset(&mut self) {
-        crate::bus::lock(&self.state).active = None;
+        crate::sync::lock(&self.state).active = None;
     }
 
     fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
-        let state = crate::bus::lock(&self.state);
+        let state = crate::sync::lock(&self.state);
         Some(vec![state.active.as_ref()?.queue.state()])
     }
 }

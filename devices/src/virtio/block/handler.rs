@@ -65,7 +65,7 @@ impl BlockHandler {
 
     /// Serves what the guest queued. Returns the number of chains returned.
     pub fn process_queue(&mut self) -> usize {
-        let mut state = crate::bus::lock(&self.state);
+        let mut state = crate::sync::lock(&self.state);
         let Some(active) = state.active.as_mut() else {
             return 0;
         };
@@ -348,7 +348,7 @@ mod tests {
     fn nothing_happens_before_activation() {
         let d = Driver::new(16);
         let (mut h, irq, _raw) = handler(&d, false);
-        crate::bus::lock(&h.state).active = None;
+        crate::sync::lock(&h.state).active = None;
         assert_eq!(h.process_queue(), 0);
         assert!(irq.read().is_err(), "no interrupt");
     }

@@ -88,25 +88,25 @@ impl WriteLog {
     /// Starts (or stops) noting writes; either way the ranges noted so far
     /// are dropped.
     pub fn set(&self, on: bool) {
-        let mut r = crate::bus::lock(&self.ranges);
+        let mut r = crate::sync::lock(&self.ranges);
         self.on.store(on, Ordering::SeqCst);
         *r = RangeSet::default();
     }
 
     /// Takes up to `budget` bytes of the noted ranges, lowest first.
     pub fn take(&self, budget: u64) -> Vec<(u64, u64)> {
-        crate::bus::lock(&self.ranges).take(budget)
+        crate::sync::lock(&self.ranges).take(budget)
     }
 
     /// Bytes noted and not taken yet.
     pub fn pending(&self) -> u64 {
-        crate::bus::lock(&self.ranges).bytes()
+        crate::sync::lock(&self.ranges).bytes()
     }
 
     /// Notes that `len` bytes at `offset` changed (if the log is on).
     pub fn note(&self, offset: u64, len: u64) {
         if self.on.load(Ordering::SeqCst) {
-            crate::bus::lock(&self.ranges).insert(offset, offset.saturating_add(len));
+            crate::sync::lock(&self.ranges).insert(offset, offset.saturating_add(len));
         }
     }
 }

@@ -22,7 +22,7 @@ use super::features::*;
 use super::metrics::NetMetrics;
 use super::rsc::RscConfig;
 use super::tap::{Tap, TapError};
-use crate::virtio::{ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
+use crate::virtio::{read_config_space, ActivateError, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
 
 /// Virtio device id of a network card.
 pub const TYPE_NET: u32 = 1;
@@ -185,14 +185,7 @@ impl VirtioDevice for Net {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let c = self.config_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| c.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_space(&self.config_bytes(), offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {
@@ -206,13 +199,8 @@ impl VirtioDevice for Net {
         mut queues: Vec<Queue>,
         mem: GuestMemoryMmap,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 2 {
-            return Err(ActivateError::QueueCount {
-                wanted: 2,
-                got: queues.len(),
-            });
-        }
-        let mut state = crate::bus::lock(&self.state);
+        ActivateError::check_queue_count(&queues, 2)?;
+        let mut state = crate::sync::lock(&self.state);
         state
             .backend
             .set_offload(tap_offloads(acked))
@@ -238,11 +226,11 @@ impl VirtioDevice for Net {
     }
 
     fn reset(&mut self) {
-        crate::bus::lock(&self.state).active = None;
+        crate::sync::lock(&self.state).active = None;
     }
 
     fn queue_states(&self) -> Option<Vec<virtio_queue::QueueState>> {
-        let state = crate::bus::lock(&self.state);
+        let state = crate::sync::lock(&self.state);
         let active = state.active.as_ref()?;
         Some(vec![active.rx.state(), active.tx.state()])
     }

@@ -133,7 +133,7 @@ impl NetHandler {
         };
         let swap_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(HandlerError::SwapEvent)?;
         let (name, fds) = {
-            let st = crate::bus::lock(&state);
+            let st = crate::sync::lock(&state);
             (
                 st.backend.name().to_string(),
                 (st.backend.rx_fd(), st.backend.tx_fd()),
@@ -164,7 +164,7 @@ impl NetHandler {
     /// new place. A backend that cannot take it now is not waited for.
     pub fn announce(&self, mac: [u8; 6]) -> io::Result<usize> {
         let frame = super::announce::rarp_frame(mac);
-        crate::bus::lock(&self.state).backend.write_frame(&frame)
+        crate::sync::lock(&self.state).backend.write_frame(&frame)
     }
 
     /// Puts `backend` in place of the device's backend, at the handler's
@@ -203,7 +203,7 @@ impl NetHandler {
 
     fn swap_one(&mut self, ops: &mut EventOps, mut backend: Box<dyn NetBackend>) -> Swapped {
         let shared = self.state.clone();
-        let mut state = crate::bus::lock(&shared);
+        let mut state = crate::sync::lock(&shared);
         if let Some(active) = state.active.as_ref() {
             if let Err(source) = backend.set_offload(tap_offloads(active.acked)) {
                 return Err(SwapError { backend, source });
@@ -294,7 +294,7 @@ impl NetHandler {
 
     /// Sends what the guest queued. Returns whether the backend filled up.
     fn process_tx(&mut self) -> bool {
-        let mut state = crate::bus::lock(&self.state);
+        let mut state = crate::sync::lock(&self.state);
         let NetState { active, backend } = &mut *state;
         let Some(active) = active.as_mut() else {
             return false;
@@ -335,7 +335,7 @@ impl NetHandler {
     /// Moves frames from the backend to the guest. Returns whether to stop
     /// reading the backend: the guest has no buffers, or the device is reset.
     fn process_rx(&mut self) -> bool {
-        let mut state = crate::bus::lock(&self.state);
+        let mut state = crate::sync::lock(&self.state);
         let NetState { active, backend } = &mut *state;
         let Some(active) = active.as_mut() else {
             // Reset: read again when the driver activates the device.
@@ -395,7 +395,7 @@ impl NetHandler {
     /// The driver (re)started the device: rebuild the receive path for its
     /// features.
     fn activate(&mut self) {
-        let (acked, rsc) = match crate::bus::lock(&self.state).active.as_ref() {
+        let (acked, rsc) = match crate::sync::lock(&self.state).active.as_ref() {
             Some(a) => (a.acked, a.rsc.clone()),
             None => return,
         };

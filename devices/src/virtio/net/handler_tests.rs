@@ -127,7 +127,7 @@ impl Rig {
 
     /// Asks for a swap to `backend` and runs the loop until it is done.
     fn swap(&mut self, backend: PairBackend) -> Swapped {
-        let done = crate::bus::lock(&self.handler)
+        let done = crate::sync::lock(&self.handler)
             .replace_backend(Box::new(backend))
             .unwrap();
         self.spin();
