@@ -1,5 +1,5 @@
 //! The `tandem` command line: its clap definition ([`Cli`]), `tandem run`
-//! ([`run`]: boot, restore or incoming, from [`run_args`]) and `tandem
+//! ([`run`]: boot, restore or incoming ([`incoming`]), from [`run_args`]) and `tandem
 //! ctl` ([`ctl`]: one control-API request per verb, the migration client
 //! [`migrate_client`] with its jitter [`probe`] and plots). [`values`]
 //! maps the command line's names onto the domain's types.
@@ -10,6 +10,7 @@
 //! input (every mistake is one line and exit status 1).
 
 pub mod ctl;
+pub mod incoming;
 pub mod migrate_client;
 pub mod probe;
 pub mod run;

@@ -17,7 +17,7 @@ use super::run_args::{BootParts, RunArgs, RunArgsError, Shape};
 use crate::builder::{self, Start};
 use crate::config::{self, ConfigError, DEFAULT_MEM};
 use crate::exit::VmExit;
-use crate::migrate::{dest, Endpoint, MigrateError};
+use crate::migrate::MigrateError;
 
 /// `tandem run --help`'s closing text.
 pub const AFTER_HELP: &str = "\
@@ -53,6 +53,11 @@ pub enum RunError {
     /// `--colo-arbiter`, `--colo-lease`, `--colo-lease-ttl-s`.
     #[error("{0}")]
     Arbiter(String),
+    /// An incoming VM's first source, let in before the VM is built.
+    #[error("incoming migration: {0}")]
+    Incoming(#[source] MigrateError),
+    #[error("incoming migration: {0}")]
+    Size(#[from] super::incoming::SizeError),
     #[error("cannot start the incoming thread: {0}")]
     Spawn(#[source] std::io::Error),
     #[error(transparent)]
@@ -77,9 +82,9 @@ pub fn run(args: RunArgs) -> ExitCode {
     let ended = if let Some(path) = args.restore.clone() {
         restore(&path, args)
     } else if let Some(from) = args.incoming.clone() {
-        incoming(from, args)
+        super::incoming::run(from, args)
     } else if let (Some(_), Some(from)) = (args.colo, args.colo_listen.clone()) {
-        incoming(from, args)
+        super::incoming::run(from, args)
     } else {
         boot(args, cmdline)
     };
@@ -94,7 +99,7 @@ fn guest_mem(asked: Option<u64>) -> Result<u64, ConfigError> {
 }
 
 /// The shape the options give (the defaults where they give none).
-fn asked_shape(args: &RunArgs) -> Result<Shape, ConfigError> {
+pub(super) fn asked_shape(args: &RunArgs) -> Result<Shape, ConfigError> {
     Ok(Shape {
         mem_bytes: guest_mem(args.mem)?,
         cpus: args.cpus.unwrap_or(1),
@@ -149,39 +154,6 @@ fn restore(path: &Path, args: RunArgs) -> Result<VmExit, RunError> {
     };
     let cfg = options.into_config(BootParts::default(), shape);
     Ok(builder::build(&cfg, Start::Restore(Box::new(snap)))?.run()?)
-}
-
-/// `tandem run --incoming ADDR` (and a COLO secondary on its
-/// `--colo-listen ADDR`): build the VM paused, bind ADDR, and let the
-/// incoming thread fill and start it.
-fn incoming(from: Endpoint, args: RunArgs) -> Result<VmExit, RunError> {
-    let shape = asked_shape(&args)?;
-    let options = args.vm_options(None)?;
-    let streams = options.transport.name(&from);
-    let listener = dest::listen(&from, &options.transport)?;
-    let secondary = args.colo.is_some();
-    let start = if secondary {
-        Start::Secondary
-    } else {
-        Start::Incoming
-    };
-    let vm = builder::build(&options.into_config(BootParts::default(), shape), start)?;
-    let then = if secondary {
-        let arbiter = crate::colo::arbiter::ArbiterSpec::from_options(
-            args.colo_arbiter.as_deref(),
-            args.colo_lease.as_deref().map(super::absolute),
-            args.colo_lease_ttl_s,
-            &from,
-        )
-        .map_err(RunError::Arbiter)?;
-        let side = crate::colo::secondary::side(&from, &arbiter, streams);
-        vm.handle().set_colo(side.clone());
-        Some(crate::colo::secondary::then(side, arbiter))
-    } else {
-        None
-    };
-    dest::spawn_then(vm.handle(), listener, from, then).map_err(RunError::Spawn)?;
-    Ok(vm.run()?)
 }
 
 /// The exit status of the VM's end (said on stderr when it is not the

@@ -136,7 +136,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
     /// Guest memory: a number with K, M, G or T (a plain number is MiB).
-    /// Default: 128M, or the snapshot's with --restore.
+    /// Default: 128M; the snapshot's with --restore, the source's with
+    /// --incoming or --colo secondary (see --incoming).
     #[arg(long, value_name = "SIZE", value_parser = config::parse_mem)]
     #[serde(default, deserialize_with = "file::mem")]
     pub mem: Option<u64>,
@@ -181,7 +182,8 @@ pub struct RunArgs {
     /// `tandem ctl --help`). A stale socket file there is replaced.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
-    /// Number of vCPUs (1 to 32). Default: 1, or the snapshot's with --restore.
+    /// Number of vCPUs (1 to 32). Default: 1; the snapshot's with --restore,
+    /// the source's with --incoming or --colo secondary without --mem.
     #[arg(long, value_name = "N",
           value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
     #[serde(default, deserialize_with = "file::cpus")]
@@ -207,12 +209,17 @@ pub struct RunArgs {
     pub restore: Option<PathBuf>,
     /// Wait for a live migration on ADDR (`tcp:HOST:PORT` or `unix:PATH`;
     /// the source runs `tandem ctl migrate ADDR`) instead of booting, and
-    /// then run the guest it sends with its console here. Give --mem,
-    /// --cpus and the devices as the source has them (taps and disk paths
-    /// may differ): the source's VM is checked against them before any
-    /// memory moves, and anything else is refused, naming each difference.
-    /// A bad, broken or refused stream ends tandem with one line and
-    /// status 1; nothing of the guest ran here.
+    /// then run the guest it sends with its console here. Without --mem it
+    /// takes the source's memory size, and its vCPU count unless --cpus is
+    /// given: it lets the source in before it builds the VM (and serves
+    /// --api-sock from then on). With --mem the VM is built at once with
+    /// it and --cpus (default 1), and --api-sock serves while it waits.
+    /// Give the machine and the devices as the source has them (taps and
+    /// disk paths may differ), and --mem and --cpus, if given, the
+    /// source's: the source's VM is checked against them before any memory
+    /// moves, and anything else is refused, naming each difference. A bad,
+    /// broken or refused stream ends tandem with one line and status 1;
+    /// nothing of the guest ran here.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore"],
           value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
     #[serde(default)]
