@@ -1,5 +1,5 @@
 //! Datagrams from a guest's `tandem-jitter` into the migration probe's gap
-//! collector (`vmm::probe::gaps`): the fuzz input is split into datagrams
+//! collector (`vmm::cli::probe::gaps`): the fuzz input is split into datagrams
 //! at newlines (one line each, as the tool sends them), each taken at a
 //! growing arrival time; then the gaps are sorted and summarized. Refused
 //! or counted, never a panic, an unbounded allocation or a gap counted
@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vmm::probe::gaps::GapLog;
+use vmm::cli::probe::gaps::GapLog;
 
 fuzz_target!(|data: &[u8]| {
     let mut log = GapLog::default();
@@ -27,10 +27,10 @@ fuzz_target!(|data: &[u8]| {
     ids.dedup();
     assert_eq!(ids.len(), log.gaps.len(), "a gap is kept once");
     assert!(log.gaps.windows(2).all(|w| w[0].t_ms <= w[1].t_ms));
-    let data = vmm::probe::ProbeData {
+    let data = vmm::cli::probe::ProbeData {
         gaps: log.gaps,
         ..Default::default()
     };
-    let s = vmm::probe::summarize(&data, (0.0, 1e9));
-    assert!(s.during.largest_gaps_ms.len() <= vmm::probe::summary::LARGEST);
+    let s = vmm::cli::probe::summarize(&data, (0.0, 1e9));
+    assert!(s.during.largest_gaps_ms.len() <= vmm::cli::probe::summary::LARGEST);
 });

@@ -206,7 +206,7 @@ pub enum Request {
 
 /// What `dirty_log` does: turn KVM's dirty log on, read (and reset) what
 /// was written since the last read, or turn it off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DirtyLogAction {
     Start,

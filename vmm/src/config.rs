@@ -424,7 +424,7 @@ pub fn default_disk_id(path: &Path) -> String {
 }
 
 /// The machine's buses besides the legacy ports and virtio-mmio.
-#[derive(clap::ValueEnum, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Machine {
     /// Legacy ports and virtio-mmio only.

@@ -15,10 +15,14 @@
 //! `emulation` hold what this host's KVM needs (see each module);
 //! `profile` samples where the guest spends its time; `kvm_util` is the
 //! one KVM error.
+//! `cli` is the `tandem` command line (`tandem run`, the `tandem ctl`
+//! verbs, the migration client and its jitter probe); nothing else
+//! imports it.
 
 pub mod api;
 pub mod boot;
 pub mod builder;
+pub mod cli;
 pub mod colo;
 pub mod config;
 pub mod console;
@@ -36,9 +40,7 @@ pub mod kvm_util;
 pub mod memory;
 pub mod migrate;
 pub mod pause;
-pub mod probe;
 pub mod profile;
-pub mod run_args;
 pub mod snapshot;
 pub mod vcpu;
 pub mod vcpu_state;

@@ -101,9 +101,7 @@ pub struct Params {
 }
 
 /// What a full compare queue does (`--colo-queue-full`).
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QueueFullPolicy {
     /// Drop the frame and count it (the measured better).

@@ -61,11 +61,61 @@ pub fn spawn_then(
     from: Endpoint,
     then: Option<Then>,
 ) -> std::io::Result<()> {
+    spawn_from(vm, listener, from, then, None)
+}
+
+/// A source let in with its VM's manifest read ([`accept`]), on the main
+/// thread before this VM is built: a destination given no --mem or
+/// --cpus takes the source's.
+pub struct Accepted {
+    conn: Conn,
+    theirs: Manifest,
+}
+
+impl Accepted {
+    /// The source's VM.
+    pub fn manifest(&self) -> &Manifest {
+        &self.theirs
+    }
+
+    /// Refuses the source, telling it why; returns the error for this side.
+    pub fn refuse(mut self, why: String) -> MigrateError {
+        refuse(&mut self.conn, why)
+    }
+}
+
+/// Waits on `listener` (bound to `from`) for the first source let in and
+/// reads its handshake and its VM's manifest (nothing is allocated for it).
+pub fn accept(listener: &Listener, from: &Endpoint) -> Result<Accepted, MigrateError> {
+    eprintln!("tandem: waiting for a migration on {from}");
+    accept_source(listener)
+}
+
+/// [`spawn_then`] with the source `accepted` already (by [`accept`]).
+pub fn spawn_accepted(
+    vm: VmHandle,
+    listener: Listener,
+    from: Endpoint,
+    then: Option<Then>,
+    accepted: Accepted,
+) -> std::io::Result<()> {
+    spawn_from(vm, listener, from, then, Some(accepted))
+}
+
+fn spawn_from(
+    vm: VmHandle,
+    listener: Listener,
+    from: Endpoint,
+    then: Option<Then>,
+    accepted: Option<Accepted>,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("incoming".into())
         .spawn(move || {
-            eprintln!("tandem: waiting for a migration on {from}");
-            match receive(&vm, &listener, then.is_none()) {
+            if accepted.is_none() {
+                eprintln!("tandem: waiting for a migration on {from}");
+            }
+            match receive(&vm, &listener, accepted, then.is_none()) {
                 Ok((pages, conn, resumed_in)) => {
                     log::info!("migration from {from}: {pages} pages received; the guest is here");
                     if let Some(d) = resumed_in {
@@ -103,19 +153,31 @@ fn admit_source(listener: &Listener) -> Result<Conn, MigrateError> {
     }
 }
 
-/// The whole receive, up to the guest running here (or ready to, paused,
-/// unless `resume`); returns the pages written, the stream, and (when it
-/// resumed the guest) how long that took after `Go` arrived: the part of
-/// the downtime the source cannot see.
-fn receive(
-    vm: &VmHandle,
-    listener: &Listener,
-    resume: bool,
-) -> Result<(u64, Conn, Option<Duration>), MigrateError> {
+/// The first source let in, its stream's timeouts set and its manifest read.
+fn accept_source(listener: &Listener) -> Result<Accepted, MigrateError> {
     let mut conn = admit_source(listener)?;
     conn.set_timeouts(IO_TIMEOUT)
         .map_err(MigrateError::Stream)?;
-    let (state, pages) = receive_guest(&mut conn, vm.manifest(), vm.memory())?;
+    let theirs = receive_config(&mut conn)?;
+    Ok(Accepted { conn, theirs })
+}
+
+/// The whole receive (from the source `accepted` already, else the first
+/// let in), up to the guest running here (or ready to, paused, unless
+/// `resume`); returns the pages written, the stream, and (when it resumed
+/// the guest) how long that took after `Go` arrived: the part of the
+/// downtime the source cannot see.
+fn receive(
+    vm: &VmHandle,
+    listener: &Listener,
+    accepted: Option<Accepted>,
+    resume: bool,
+) -> Result<(u64, Conn, Option<Duration>), MigrateError> {
+    let Accepted { mut conn, theirs } = match accepted {
+        Some(a) => a,
+        None => accept_source(listener)?,
+    };
+    let (state, pages) = receive_checked(&mut conn, &theirs, vm.manifest(), vm.memory())?;
     // The source released the disks' locks before it sent the state.
     if let Err(e) = vm.hold_disk_locks(true) {
         let _ = vm.hold_disk_locks(false);
@@ -145,13 +207,29 @@ pub fn receive_guest<S: Read + Write>(
     ours: &Manifest,
     mem: &GuestMemoryMmap,
 ) -> Result<(VmState, u64), MigrateError> {
+    let theirs = receive_config(conn)?;
+    receive_checked(conn, &theirs, ours, mem)
+}
+
+/// The handshake and the source's manifest (its `Config`).
+fn receive_config<S: Read + Write>(conn: &mut S) -> Result<Manifest, MigrateError> {
     let hello = protocol::read_message(conn)
         .map_err(|e| MigrateError::Refused(format!("not a tandem migration stream ({e})")))?;
     protocol::check_hello(&hello)?;
     let Message::Config(theirs) = protocol::expect(conn, Command::Config)? else {
         return Err(MigrateError::Refused("no Config".into()));
     };
-    if let Err(e) = migration::check_compatible(&theirs, ours) {
+    Ok(theirs)
+}
+
+/// [`receive_guest`] after the source's manifest `theirs` was read.
+fn receive_checked<S: Read + Write>(
+    conn: &mut S,
+    theirs: &Manifest,
+    ours: &Manifest,
+    mem: &GuestMemoryMmap,
+) -> Result<(VmState, u64), MigrateError> {
+    if let Err(e) = migration::check_compatible(theirs, ours) {
         return Err(refuse(conn, format!("{e}")));
     }
     protocol::write_message(conn, &Message::Accept)?;

@@ -7,7 +7,6 @@
 //! `migration::protocol`; the state the stream carries is the snapshot's
 //! (`snapshot::state_image`, checked by the same loader as a restore).
 
-pub mod client;
 pub mod dest;
 pub mod endpoint;
 pub mod inline;

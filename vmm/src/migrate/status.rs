@@ -47,7 +47,7 @@ pub struct Params {
 }
 
 /// Where the migration's work runs (see `migrate::inline`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// The dedicated migration thread, beside the device loop.

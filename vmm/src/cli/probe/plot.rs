@@ -203,7 +203,7 @@ fn draw_marks<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::{Gap, Mark, Ping};
+    use crate::cli::probe::{Gap, Mark, Ping};
 
     #[test]
     fn writes_a_png() {

@@ -422,7 +422,7 @@ fn resolve_reads_the_file_and_checks_the_result() {
 /// The README's two example files parse, to the same options.
 #[test]
 fn the_readme_examples() {
-    let readme = include_str!("../../../README.md");
+    let readme = include_str!("../../../../README.md");
     let section = readme
         .split("\n## Config file\n")
         .nth(1)

@@ -142,7 +142,7 @@ fn ms(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::{Gap, Ping};
+    use crate::cli::probe::{Gap, Ping};
 
     fn ping(t_ms: f64, rtt_ms: Option<f64>) -> Ping {
         Ping {

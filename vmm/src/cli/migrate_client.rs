@@ -1,6 +1,7 @@
 //! `tandem ctl migrate`: starts a migration through the control API,
 //! follows it (a live progress line on a terminal) and prints its report,
-//! with `--probe` what the guest felt before vs during it (`crate::probe`).
+//! with `--probe` what the guest felt before vs during it
+//! ([`super::probe`]).
 //!
 //! Runs in the `tandem ctl` process, not in the VMM. Never does: decide
 //! anything about the migration; it only asks and shows.
@@ -13,18 +14,20 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
-use crate::probe::{self, Probe, ProbeConfig, ProbeError};
-
+use super::probe::{self, Probe, ProbeConfig, ProbeError};
 use crate::api::{self, ApiError, Request};
 use crate::migrate::{status, Endpoint, Mode};
+
+use super::values::{self, ModeArg};
 
 const POLL: Duration = Duration::from_millis(100);
 
 /// `tandem ctl migrate`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct MigrateArgs {
-    /// Where: tcp:HOST:PORT or unix:PATH.
-    #[arg(value_parser = |s: &str| s.parse::<Endpoint>())]
+    /// Where: tcp:HOST:PORT or unix:PATH (what the destination's
+    /// --incoming was given).
+    #[arg(value_name = "ADDR", value_parser = |s: &str| s.parse::<Endpoint>())]
     pub to: Endpoint,
     /// The longest the guest may stay paused at the switch-over, ms.
     #[arg(long, value_name = "MS", default_value_t = status::DEFAULT_DOWNTIME_MS,
@@ -36,7 +39,7 @@ pub struct MigrateArgs {
     /// Throttle the vCPUs step by step when the guest dirties memory
     /// faster than it is sent.
     #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
-          value_parser = clap::builder::BoolishValueParser::new())]
+          hide_possible_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     pub auto_converge: bool,
     /// Give up after this many seconds (the guest runs on here).
     #[arg(long, value_name = "S", default_value_t = status::DEFAULT_TIMEOUT_S,
@@ -45,7 +48,7 @@ pub struct MigrateArgs {
     /// Where the migration runs: its own thread, or `inline` in slices
     /// from the device thread's event loop (as QEMU's I/O thread once did;
     /// to measure what the thread buys).
-    #[arg(long, value_enum, default_value_t = Mode::Thread)]
+    #[arg(long, default_value = "thread", value_parser = values::parser::<ModeArg, Mode>())]
     pub mode: Mode,
     /// Measure what the guest feels: ping GUEST_IP from here (every
     /// --probe-interval-ms) and collect the gaps `tandem-jitter HOST_IP:PORT`, run in the guest,

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::Deserialize;
 
-use crate::config::{self, DiskSpec, NetSpec, ProfileConfig};
+use crate::config::{self, DiskSpec, Machine, NetSpec, ProfileConfig, VmConfig};
 use crate::profile::symbols::{Symbols, SymbolsError};
 
 /// A COLO role given to `tandem run` (the primary is a running VM told
@@ -75,9 +75,7 @@ pub enum RunArgsError {
     FirmwareWithoutKernel(&'static str),
     #[error("--firmware: not with --print-cmdline (the firmware is given the command line)")]
     FirmwarePrintCmdline,
-    #[error(
-        "--firmware: a VM booted from firmware cannot be a COLO secondary yet (not with --colo)"
-    )]
+    #[error("--firmware: a VM booted from firmware cannot be a COLO secondary (not with --colo)")]
     FirmwareAndColo,
     #[error("--guest-symbols: {0}")]
     Symbols(#[source] SymbolsError),
@@ -121,7 +119,7 @@ pub struct RunArgs {
     /// the firmware is offered them through fw_cfg, as with QEMU's -kernel
     /// (OVMF boots them); without, it boots what it finds. The image is not part of a snapshot
     /// or a migration: --restore and --incoming are given the same image
-    /// again (checked by size and SHA-256). Not for a COLO pair yet. Here
+    /// again (checked by size and SHA-256). Not for a COLO pair. Here
     /// the firmware runs in KVM's instruction emulator (README, "Firmware
     /// boot").
     #[arg(long, value_name = "PATH",
@@ -138,7 +136,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
     /// Guest memory: a number with K, M, G or T (a plain number is MiB).
-    /// Default: 128M, or the snapshot's with --restore.
+    /// Default: 128M; the snapshot's with --restore, the source's with
+    /// --incoming or --colo secondary (see --incoming).
     #[arg(long, value_name = "SIZE", value_parser = config::parse_mem)]
     #[serde(default, deserialize_with = "file::mem")]
     pub mem: Option<u64>,
@@ -183,7 +182,8 @@ pub struct RunArgs {
     /// `tandem ctl --help`). A stale socket file there is replaced.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
-    /// Number of vCPUs (1 to 32). Default: 1, or the snapshot's with --restore.
+    /// Number of vCPUs (1 to 32). Default: 1; the snapshot's with --restore,
+    /// the source's with --incoming or --colo secondary without --mem.
     #[arg(long, value_name = "N",
           value_parser = |s: &str| config::parse_cpus(s, config::max_cpus()))]
     #[serde(default, deserialize_with = "file::cpus")]
@@ -194,7 +194,8 @@ pub struct RunArgs {
     /// virtio-pci functions with MSI-X unless given transport=mmio).
     /// Default with --restore: the snapshot's. An incoming migration or a COLO
     /// secondary must give the source's machine again.
-    #[arg(long, value_name = "KIND")]
+    #[arg(long, value_name = "KIND",
+          value_parser = super::values::parser::<super::values::MachineArg, config::Machine>())]
     #[serde(default)]
     pub machine: Option<config::Machine>,
     /// Continue the VM saved in FILE (by `tandem ctl ... snapshot FILE`)
@@ -208,12 +209,17 @@ pub struct RunArgs {
     pub restore: Option<PathBuf>,
     /// Wait for a live migration on ADDR (`tcp:HOST:PORT` or `unix:PATH`;
     /// the source runs `tandem ctl migrate ADDR`) instead of booting, and
-    /// then run the guest it sends with its console here. Give --mem,
-    /// --cpus and the devices as the source has them (taps and disk paths
-    /// may differ): the source's VM is checked against them before any
-    /// memory moves, and anything else is refused, naming each difference.
-    /// A bad, broken or refused stream ends tandem with one line and
-    /// status 1; nothing of the guest ran here.
+    /// then run the guest it sends with its console here. Without --mem it
+    /// takes the source's memory size, and its vCPU count unless --cpus is
+    /// given: it lets the source in before it builds the VM (and serves
+    /// --api-sock from then on). With --mem the VM is built at once with
+    /// it and --cpus (default 1), and --api-sock serves while it waits.
+    /// Give the machine and the devices as the source has them (taps and
+    /// disk paths may differ), and --mem and --cpus, if given, the
+    /// source's: the source's VM is checked against them before any memory
+    /// moves, and anything else is refused, naming each difference. A bad,
+    /// broken or refused stream ends tandem with one line and status 1;
+    /// nothing of the guest ran here.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore"],
           value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
     #[serde(default)]
@@ -227,8 +233,10 @@ pub struct RunArgs {
     /// (--colo-lease) and serves on its own taps; if the primary served
     /// alone past its last checkpoint it retires instead (status 1).
     /// Its guest's network output goes to the primary's compare, never to
-    /// a client. Not yet: disk replication (its disks take no write before
-    /// it takes over).
+    /// a client. Its writable disks follow the primary's: give images
+    /// equal to the primary's (they are hashed); the primary's writes are
+    /// applied at each checkpoint, and its own guest's writes are held in
+    /// memory until then.
     #[arg(long, value_name = "ROLE", requires = "colo_listen",
           conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore", "incoming"])]
     #[serde(default)]
@@ -454,6 +462,23 @@ impl RunArgs {
         crate::migrate::Transport::new(files.as_ref(), self.insecure).map_err(RunArgsError::Tls)
     }
 
+    /// The options every VM takes whatever it starts from, checked and
+    /// loaded (the profiler's, then the streams'); `kernel` is the kernel
+    /// a boot loads (its symbols are the profile's default).
+    pub fn vm_options(&self, kernel: Option<&Path>) -> Result<VmOptions, RunArgsError> {
+        let profile = self.profile(kernel)?;
+        let transport = self.transport()?;
+        Ok(VmOptions {
+            firmware: self.firmware.clone(),
+            nets: self.nets.clone(),
+            disks: self.disks.clone(),
+            metrics: self.metrics.clone(),
+            api_sock: self.api_sock.clone(),
+            profile,
+            transport,
+        })
+    }
+
     /// The profiler's settings; an unreadable --guest-symbols is an error.
     pub fn profile(&self, kernel: Option<&Path>) -> Result<ProfileConfig, RunArgsError> {
         if let Some(s) = &self.guest_symbols {
@@ -468,5 +493,62 @@ impl RunArgs {
             hz: self.guest_profile_hz.unwrap_or(crate::profile::DEFAULT_HZ),
             symbols,
         })
+    }
+}
+
+/// A VM's size and machine: the options', the snapshot's (`--restore`)
+/// or the source's (`--incoming`, `--colo secondary`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub mem_bytes: u64,
+    pub cpus: u8,
+    pub machine: Machine,
+}
+
+/// What a booted VM loads; a restored or incoming VM loads nothing
+/// ([`BootParts::default`]): its memory brings the guest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BootParts {
+    /// The kernel (empty: none; a firmware VM boots what it finds).
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    /// The command line as given (or the default).
+    pub cmdline: String,
+}
+
+/// The options of any VM ([`RunArgs::vm_options`]): the rest of its
+/// [`VmConfig`].
+#[derive(Debug, Clone)]
+pub struct VmOptions {
+    pub firmware: Option<PathBuf>,
+    pub nets: Vec<NetSpec>,
+    /// A restore fills in the ids the snapshot has (`snapshot::load`).
+    pub disks: Vec<DiskSpec>,
+    pub metrics: Option<PathBuf>,
+    pub api_sock: Option<PathBuf>,
+    pub profile: ProfileConfig,
+    /// The streams' security (the listener of an incoming VM uses it too).
+    pub transport: crate::migrate::Transport,
+}
+
+impl VmOptions {
+    /// The VM to build: these options, what it boots and its shape. The
+    /// one place `tandem run` makes a [`VmConfig`].
+    pub fn into_config(self, boot: BootParts, shape: Shape) -> VmConfig {
+        VmConfig {
+            firmware: self.firmware,
+            kernel: boot.kernel,
+            initrd: boot.initrd,
+            cmdline: boot.cmdline,
+            mem_bytes: shape.mem_bytes,
+            cpus: shape.cpus,
+            machine: shape.machine,
+            nets: self.nets,
+            disks: self.disks,
+            metrics: self.metrics,
+            api_sock: self.api_sock,
+            profile: self.profile,
+            transport: self.transport,
+        }
     }
 }
