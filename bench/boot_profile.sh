@@ -3,7 +3,7 @@
 # the ready marker under --guest-profile, the top-30 table of kernel
 # functions, folded stacks in target/boot-profile.folded (and an SVG flame
 # graph with inferno-flamegraph, if installed). Not a peer comparison: it
-# says where the boot's time goes (README, "This host").
+# says where the boot's time goes (docs/host-kvm.md).
 # Usage: bench/boot_profile.sh [--hz N] [--out FILE] [-- tandem run args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."

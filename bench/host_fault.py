@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measures the kvm_pvm host fault (README, "Known issues"): freshly exec'd
+"""Measures the kvm_pvm host fault (docs/host-kvm.md): freshly exec'd
 processes that start at the same time sometimes lose their first writes to a
 new page and die at their first TLS access. Boots the default guest and runs
 N three-process pipelines (`seq 1 50 | grep 3 | wc -l`), counting wrong

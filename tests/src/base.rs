@@ -1,7 +1,7 @@
 //! The base snapshot: the default guest booted once per test run, paused
 //! and snapshotted, so that tests which are not about booting start from a
 //! restore (about a second) instead of a boot (30-40 s on hosts whose KVM
-//! emulates the guest kernel, see the README's "Known issues").
+//! emulates the guest kernel, see docs/host-kvm.md).
 //!
 //! The base guest: the default kernel and initramfs, 128 MiB, 1 vCPU,
 //! [`CMDLINE`] (kvm-clock, eth0 and eth1 configured and up), two NICs

@@ -4,7 +4,7 @@
 //! Boots cost half a minute or more on hosts whose KVM emulates the guest kernel,
 //! so a test boots once and runs many checks, and tests that are not about
 //! booting restore the run's base snapshot instead ([`base`]). Commands run one at a time
-//! (see the README's known issues). The VMM process is always killed on drop.
+//! (see docs/host-kvm.md). The VMM process is always killed on drop.
 
 pub mod base;
 pub mod colo;

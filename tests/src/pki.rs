@@ -1,5 +1,5 @@
 //! Certificates for tests of TLS streams, made by `resources/tls-certs.sh`
-//! (the openssl CLI, as the README shows a user): a CA and a host
+//! (the openssl CLI, as docs/migration.md shows a user): a CA and a host
 //! certificate it signs, in a scratch directory removed on drop.
 
 use std::path::{Path, PathBuf};

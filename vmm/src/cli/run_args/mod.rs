@@ -102,7 +102,7 @@ pub struct RunArgs {
     /// ignored (its firmware is not: a restore needs the same image), so
     /// one file serves a boot and later restores. Relative paths
     /// are from the current directory. An unknown key is an error. Example
-    /// in the README ("Config file").
+    /// in docs/cli.md ("Config file").
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
@@ -120,8 +120,7 @@ pub struct RunArgs {
     /// (OVMF boots them); without, it boots what it finds. The image is not part of a snapshot
     /// or a migration: --restore and --incoming are given the same image
     /// again (checked by size and SHA-256). Not for a COLO pair. Here
-    /// the firmware runs in KVM's instruction emulator (README, "Firmware
-    /// boot").
+    /// the firmware runs in KVM's instruction emulator (docs/firmware.md).
     #[arg(long, value_name = "PATH",
           conflicts_with_all = ["print_cmdline", "colo"])]
     #[serde(default)]

@@ -419,11 +419,11 @@ fn resolve_reads_the_file_and_checks_the_result() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The README's two example files parse, to the same options.
+/// docs/cli.md's two example files parse, to the same options.
 #[test]
-fn the_readme_examples() {
-    let readme = include_str!("../../../../README.md");
-    let section = readme
+fn the_documented_examples() {
+    let page = include_str!("../../../../docs/cli.md");
+    let section = page
         .split("\n## Config file\n")
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
