@@ -167,6 +167,10 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
         initrd.to_str().unwrap(),
         "--cpus",
         "2",
+        // Not the default size: the destination below, given no --mem,
+        // must take the source's.
+        "--mem",
+        "192M",
         "--machine",
         "pci",
         "--api-sock",
@@ -284,31 +288,57 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     );
 
     // Migration to a third tandem (thread mode, Unix socket): the NIC
-    // moves to tap1 on the same bridge, the disks are handed over.
+    // moves to tap1 on the same bridge, the disks are handed over. Given
+    // no --mem, a destination takes the source's size and vCPU count; a
+    // --cpus that differs is refused before any memory moves, naming both,
+    // and the guest runs on at the source.
     let to = scratch("pci-mig.sock");
-    let mut dest_args = vec![
-        "--incoming".to_string(),
-        format!("unix:{}", to.display()),
-        "--machine".into(),
-        "pci".into(),
-        "--cpus".into(),
-        "2".into(),
-    ];
-    dest_args.extend(s.devices("tap1"));
-    let mut dest = s.start(&dest_args);
-    let t = Instant::now();
-    while !dest.stderr().contains("waiting for a migration on") {
-        assert!(t.elapsed() < CMD && dest.running(), "{}", dest.stderr());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out =
-        s.ns.command(tandem_bin().to_str().unwrap())
-            .args(["ctl", "--api-sock", sock.to_str().unwrap(), "migrate"])
-            .arg(format!("unix:{}", to.display()))
-            .arg("--json")
-            .output()
-            .expect("tandem ctl migrate");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let dest_sock = scratch("pci-dest.sock");
+    let destination = |extra: &[&str]| {
+        let mut dest_args = vec![
+            "--incoming".to_string(),
+            format!("unix:{}", to.display()),
+            "--machine".into(),
+            "pci".into(),
+            "--api-sock".into(),
+            dest_sock.display().to_string(),
+        ];
+        dest_args.extend(extra.iter().map(|a| a.to_string()));
+        dest_args.extend(s.devices("tap1"));
+        let mut dest = s.start(&dest_args);
+        let t = Instant::now();
+        while !dest.stderr().contains("waiting for a migration on") {
+            assert!(t.elapsed() < CMD && dest.running(), "{}", dest.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        dest
+    };
+    let migrate = || {
+        let out =
+            s.ns.command(tandem_bin().to_str().unwrap())
+                .args(["ctl", "--api-sock", sock.to_str().unwrap(), "migrate"])
+                .arg(format!("unix:{}", to.display()))
+                .arg("--json")
+                .output()
+                .expect("tandem ctl migrate");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        (out, report)
+    };
+    let mut wrong = destination(&["--cpus", "1"]);
+    let (out, report) = migrate();
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let said = format!("{report} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        said.contains("the source's guest has 2 vCPUs, --cpus asks for 1"),
+        "{said}"
+    );
+    assert_eq!(wrong.wait_exit(EXIT).code(), Some(1), "{}", wrong.stderr());
+    again.ok("true", CMD);
+    phase("pci: a destination with another vCPU count refused");
+    let _ = std::fs::remove_file(&to);
+
+    let mut dest = destination(&[]);
+    let (out, report) = migrate();
     assert_eq!(
         (out.status.code(), report["phase"].as_str()),
         (Some(0), Some("completed")),
@@ -317,6 +347,13 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     );
     assert_eq!(again.wait_exit(EXIT).code(), Some(0), "the source exits 0");
     phase("pci: migrated");
+    let (code, st) = ctl(&dest_sock, &["status"]);
+    assert_eq!(code, 0, "{st}");
+    assert_eq!(
+        (st["mem_mib"].as_u64(), st["vcpus"].as_u64()),
+        (Some(192), Some(2)),
+        "{st}"
+    );
     assert_eq!(config(&mut dest), config_before);
     devices_work(&mut dest, &s.ns, &pci_sha, MARK);
     dest.send("poweroff -f\n");
@@ -329,6 +366,7 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
         dest.stderr()
     );
     let _ = std::fs::remove_file(&to);
+    let _ = std::fs::remove_file(&dest_sock);
 }
 
 /// The guest found tandem's ACPI tables and the devices the DSDT names;

@@ -113,7 +113,10 @@ fn every_run_and_ctl_option_and_verb_is_in_docs_cli() {
             }
         }
     }
-    assert!(seen > 40, "only {seen} options and verbs found in --help: the parser is broken");
+    assert!(
+        seen > 40,
+        "only {seen} options and verbs found in --help: the parser is broken"
+    );
     assert!(missing.is_empty(), "not in docs/cli.md: {missing:?}");
 }
 
@@ -133,6 +136,9 @@ fn every_api_cmd_is_in_docs_api() {
         .collect();
     assert!(cmds.len() > 15 && cmds.contains(&"colo_status"), "{cmds:?}");
     let doc = page("api.md");
-    let missing: Vec<_> = cmds.iter().filter(|c| !doc.contains(&format!("`{c}`"))).collect();
+    let missing: Vec<_> = cmds
+        .iter()
+        .filter(|c| !doc.contains(&format!("`{c}`")))
+        .collect();
     assert!(missing.is_empty(), "not in docs/api.md: {missing:?}");
 }
