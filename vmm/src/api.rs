@@ -246,7 +246,7 @@ mod field {
     /// A migration address (`tcp:HOST:PORT` or `unix:PATH`).
     pub fn endpoint<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         let s: String = named("to", d)?;
-        s.parse::<crate::migrate::Endpoint>()
+        s.parse::<crate::streams::Endpoint>()
             .map_err(|e| invalid::<D>("to", e))?;
         Ok(s)
     }
@@ -460,7 +460,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             max_queue,
             queue_full,
             channels,
-        } => match to.parse::<crate::migrate::Endpoint>() {
+        } => match to.parse::<crate::streams::Endpoint>() {
             Ok(to) => {
                 let arbiter = match crate::colo::arbiter::ArbiterSpec::from_options(
                     arbiter.as_deref(),
@@ -494,7 +494,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             max_queue,
             queue_full,
             channels,
-        } => match to.parse::<crate::migrate::Endpoint>() {
+        } => match to.parse::<crate::streams::Endpoint>() {
             Ok(to) => answer(ctl.colo_reprotect(crate::colo::Params {
                 to,
                 checkpoint_period_ms,

@@ -460,7 +460,7 @@ pub struct VmConfig {
     /// The guest profiler (`--guest-profile`, `--guest-symbols`).
     pub profile: ProfileConfig,
     /// TLS or plain TCP for migration and COLO streams.
-    pub transport: crate::migrate::Transport,
+    pub transport: crate::streams::Transport,
 }
 
 /// What the guest profiler is given on the command line.

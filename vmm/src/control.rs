@@ -13,8 +13,9 @@ use serde_json::{json, Value};
 
 use crate::api::{ColoAsk, Control, DirtyLogAction};
 use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
-use crate::migrate::{Ended, Endpoint, Migration, Params};
+use crate::migrate::{Ended, Migration, Params};
 use crate::profile;
+use crate::streams::Endpoint;
 use crate::vm::{VmHandle, VmOpError};
 use std::sync::Arc;
 

@@ -40,6 +40,7 @@ pub mod probe;
 pub mod profile;
 pub mod run_args;
 pub mod snapshot;
+pub mod streams;
 pub mod vcpu;
 pub mod vcpu_state;
 pub mod vcpus;

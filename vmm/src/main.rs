@@ -416,7 +416,7 @@ fn guest_mem(asked: Option<u64>) -> Result<u64, ExitCode> {
 
 /// `tandem run --incoming ADDR`: build the VM paused, bind ADDR, and let
 /// the incoming thread fill and start it.
-fn incoming(from: vmm::migrate::Endpoint, args: RunArgs) -> ExitCode {
+fn incoming(from: vmm::streams::Endpoint, args: RunArgs) -> ExitCode {
     let mem = match guest_mem(args.mem) {
         Ok(m) => m,
         Err(code) => return code,

@@ -116,7 +116,7 @@ pub(crate) struct Core {
     /// This VM's side of a COLO pair, if it is in one.
     colo: Mutex<Option<Arc<crate::colo::Side>>>,
     /// How its migration and COLO streams cross the network.
-    transport: crate::migrate::Transport,
+    transport: crate::streams::Transport,
     /// The firmware image it booted from (`--firmware`), mapped while it runs.
     firmware: Option<Arc<crate::boot::firmware::Firmware>>,
 }
@@ -160,7 +160,7 @@ pub(crate) struct CoreParts {
     pub profiler: Arc<Profiler>,
     pub msr_indices: Arc<Vec<u32>>,
     pub manifest: Manifest,
-    pub transport: crate::migrate::Transport,
+    pub transport: crate::streams::Transport,
     pub firmware: Option<Arc<crate::boot::firmware::Firmware>>,
 }
 
@@ -519,7 +519,7 @@ impl VmHandle {
     }
 
     /// How this VM's migration and COLO streams cross the network.
-    pub fn transport(&self) -> &crate::migrate::Transport {
+    pub fn transport(&self) -> &crate::streams::Transport {
         &self.0.transport
     }
 

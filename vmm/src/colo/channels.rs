@@ -27,10 +27,10 @@ use migration::protocol::{self, MemoryBatch, Message};
 
 use super::ColoError;
 use crate::memory::{DirtyBitmap, GuestRam};
-use crate::migrate::endpoint::{Conn, Listener};
 use crate::migrate::inline::Slicer;
 use crate::migrate::pages::{self, Sent, Stop};
-use crate::migrate::{Endpoint, Transport};
+use crate::streams::endpoint::{Conn, Listener};
+use crate::streams::{Endpoint, Transport};
 
 /// Bitmap words (64 pages each) per run handed to one channel.
 const RUN_WORDS: usize = 8;

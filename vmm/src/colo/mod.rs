@@ -46,7 +46,8 @@ use serde::Serialize;
 use migration::protocol::ProtocolError;
 use replication::failover::{Role, State};
 
-use crate::migrate::{Endpoint, MigrateError};
+use crate::migrate::MigrateError;
+use crate::streams::Endpoint;
 
 /// Checkpoint pauses kept in the report.
 pub const RECENT: usize = 1024;

@@ -40,7 +40,7 @@ use super::proxy::{Cmd, Proxy};
 use super::survivor::Survivor;
 use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Report, Side};
 use crate::boot::layout;
-use crate::migrate::endpoint::Conn;
+use crate::streams::endpoint::Conn;
 use crate::vm::VmHandle;
 use devices::virtio::net::datagram::Datagram;
 use devices::virtio::net::NetBackend;

@@ -36,8 +36,8 @@ use super::{dirty, failover_config, incoming, ColoError, Report, Side};
 use crate::boot::layout;
 use crate::exit::VmExit;
 use crate::memory::DirtyBitmap;
-use crate::migrate::endpoint::{Conn, Listener};
-use crate::migrate::Endpoint;
+use crate::streams::endpoint::{Conn, Listener};
+use crate::streams::Endpoint;
 use crate::vm::VmHandle;
 use devices::virtio::net::datagram::Datagram;
 

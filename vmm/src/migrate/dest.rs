@@ -19,11 +19,11 @@ use vm_memory::{Bytes, GuestAddress};
 use devices::GuestMemoryMmap;
 use migration::Manifest;
 
-use super::endpoint::{Conn, Endpoint, Listener};
-use super::transport::Transport;
 use super::MigrateError;
 use crate::boot::layout;
 use crate::exit::VmExit;
+use crate::streams::endpoint::{Conn, Endpoint, Listener};
+use crate::streams::transport::Transport;
 use crate::vm::VmHandle;
 use crate::vm_state::VmState;
 

@@ -1,7 +1,8 @@
 //! Live migration, the vmm's side: the migration thread that sends a
 //! running VM ([`source`]), the incoming side that receives one into a VM
-//! built paused ([`dest`]), the pages on the stream ([`pages`]), the
-//! addresses ([`endpoint`]) and the progress and report ([`status`]).
+//! built paused ([`dest`]), the pages on the stream ([`pages`]) and the
+//! progress and report ([`status`]). Its streams (addresses, TLS) are
+//! `crate::streams`, shared with COLO.
 //!
 //! The wire protocol itself (messages, framing, checks) is
 //! `migration::protocol`; the state the stream carries is the snapshot's
@@ -9,19 +10,13 @@
 
 pub mod client;
 pub mod dest;
-pub mod endpoint;
 pub mod inline;
 pub mod pages;
 pub mod source;
 pub mod status;
-pub mod tls;
-mod tls_pump;
-pub mod transport;
 
-pub use endpoint::Endpoint;
 pub use source::{Ended, Migration};
 pub use status::{Mode, Params, Phase, Status};
-pub use transport::Transport;
 
 use migration::protocol::ProtocolError;
 

@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 
 use migration::protocol::{self, Command, Message};
 
-use super::endpoint::{Conn, Endpoint};
 use super::inline::Slicer;
 use super::pages::{self, Sent, Stop};
 use super::status::{DowntimeParts, Mode, Params, Phase, Status};
 use super::MigrateError;
+use crate::streams::endpoint::{Conn, Endpoint};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::vm::VmHandle;

@@ -84,7 +84,7 @@ pub enum RunArgsError {
     #[error("--tls-cert, --tls-key and --tls-ca go together, and not with --insecure")]
     TlsPartial,
     #[error("TLS: {0}")]
-    Tls(#[source] crate::migrate::tls::TlsError),
+    Tls(#[source] crate::streams::tls::TlsError),
 }
 
 /// What `tandem run` is given (see `tandem run --help`).
@@ -215,9 +215,9 @@ pub struct RunArgs {
     /// A bad, broken or refused stream ends tandem with one line and
     /// status 1; nothing of the guest ran here.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore"],
-          value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
+          value_parser = |s: &str| s.parse::<crate::streams::Endpoint>())]
     #[serde(default)]
-    pub incoming: Option<crate::migrate::Endpoint>,
+    pub incoming: Option<crate::streams::Endpoint>,
     /// Run as a COLO secondary: wait on --colo-listen ADDR for the
     /// primary's initial sync (`tandem ctl colo-start ADDR` on the running
     /// VM there), checked as an incoming migration is, then run the copy:
@@ -236,9 +236,9 @@ pub struct RunArgs {
     /// Where a COLO secondary waits for its primary (`tcp:HOST:PORT` or
     /// `unix:PATH`).
     #[arg(long, value_name = "ADDR", requires = "colo",
-          value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
+          value_parser = |s: &str| s.parse::<crate::streams::Endpoint>())]
     #[serde(default)]
-    pub colo_listen: Option<crate::migrate::Endpoint>,
+    pub colo_listen: Option<crate::streams::Endpoint>,
     /// The lease file the pair shares on this host (the side that serves
     /// holds an exclusive lock on it). Default: /tmp/tandem-colo-ADDR.lock
     /// after --colo-listen, what colo-start uses by default for the same
@@ -438,10 +438,10 @@ impl RunArgs {
 
     /// The streams' security: the TLS files loaded (all three or none),
     /// or plain TCP, off this host only with --insecure.
-    pub fn transport(&self) -> Result<crate::migrate::Transport, RunArgsError> {
+    pub fn transport(&self) -> Result<crate::streams::Transport, RunArgsError> {
         let files = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
             (None, None, None) => None,
-            (Some(cert), Some(key), Some(ca)) => Some(crate::migrate::tls::TlsFiles {
+            (Some(cert), Some(key), Some(ca)) => Some(crate::streams::tls::TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 ca: ca.clone(),
@@ -451,7 +451,7 @@ impl RunArgs {
         if files.is_some() && self.insecure {
             return Err(RunArgsError::TlsPartial);
         }
-        crate::migrate::Transport::new(files.as_ref(), self.insecure).map_err(RunArgsError::Tls)
+        crate::streams::Transport::new(files.as_ref(), self.insecure).map_err(RunArgsError::Tls)
     }
 
     /// The profiler's settings; an unreadable --guest-symbols is an error.

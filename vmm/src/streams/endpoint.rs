@@ -407,7 +407,7 @@ mod tests {
         }
     }
 
-    use crate::migrate::tls::testing::Pki;
+    use crate::streams::tls::testing::Pki;
     use sha2::{Digest, Sha256};
 
     const WAIT: Duration = Duration::from_secs(5);
