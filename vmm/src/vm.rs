@@ -589,7 +589,7 @@ impl VmHandle {
     }
 
     /// The device loop's turns (for an inline migration).
-    pub fn device_turns(&self) -> crate::migrate::inline::SharedTurns {
+    pub fn device_turns(&self) -> crate::device_thread::turns::SharedTurns {
         lock(&self.0.device_thread).turns()
     }
 
