@@ -55,6 +55,9 @@ use serde_json::{json, Value};
 
 use crate::vm::VmOpError;
 
+mod error;
+pub use error::{ControlError, Refused};
+
 /// The longest request line taken.
 pub const MAX_REQUEST: usize = 64 << 10;
 /// The longest answer line `tandem ctl` reads.
@@ -318,60 +321,64 @@ pub trait Control {
     /// State and facts about the VM (merged into the answer).
     fn status(&mut self) -> Value;
     /// Stops vCPUs and devices; returns how long it took, in ms.
-    fn pause(&mut self) -> Result<f64, VmOpError>;
-    fn resume(&mut self) -> Result<(), VmOpError>;
+    fn pause(&mut self) -> Result<f64, ControlError>;
+    fn resume(&mut self) -> Result<(), ControlError>;
     fn metrics(&mut self) -> Value;
     /// Asks the VM to end; the answer is sent before it does.
     fn shutdown(&mut self);
-    fn snapshot(&mut self, path: &Path) -> Result<Value, VmOpError>;
+    fn snapshot(&mut self, path: &Path) -> Result<Value, ControlError>;
     /// Takes the VM back to snapshot `path` of itself.
-    fn revert(&mut self, _path: &Path) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("revert"))
+    fn revert(&mut self, _path: &Path) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("revert").into())
     }
     /// Starts the guest profiler at `hz` samples per second.
-    fn profile_start(&mut self, _hz: u32) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("profiling"))
+    fn profile_start(&mut self, _hz: u32) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("profiling").into())
     }
     /// Stops the guest profiler and writes its folded stacks to `path`.
-    fn profile_stop(&mut self, _path: &Path) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("profiling"))
+    fn profile_stop(&mut self, _path: &Path) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("profiling").into())
     }
     /// Makes every vCPU sleep `percent` of each throttle window.
-    fn throttle(&mut self, _percent: u8) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("throttling"))
+    fn throttle(&mut self, _percent: u8) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("throttling").into())
     }
     /// Starts, reads or stops the dirty log of guest memory.
-    fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("the dirty log"))
+    fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("the dirty log").into())
     }
     /// Starts a live migration to `to`.
-    fn migrate(&mut self, _to: &str, _params: crate::migrate::Params) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("migration"))
+    fn migrate(
+        &mut self,
+        _to: &str,
+        _params: crate::migrate::Params,
+    ) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("migration").into())
     }
     /// The migration's progress (or its report, once it ended).
-    fn migrate_status(&mut self) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("migration"))
+    fn migrate_status(&mut self) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("migration").into())
     }
     /// Cancels the migration under way; the guest runs on here.
-    fn migrate_cancel(&mut self) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("migration"))
+    fn migrate_cancel(&mut self) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("migration").into())
     }
     /// Starts a COLO pair with this VM as its primary.
     fn colo_start(
         &mut self,
         _params: crate::colo::Params,
         _arbiter: crate::colo::arbiter::ArbiterSpec,
-    ) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("COLO"))
+    ) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("COLO").into())
     }
     /// Protects this VM, which serves alone, with a new secondary.
-    fn colo_reprotect(&mut self, _params: crate::colo::Params) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("COLO"))
+    fn colo_reprotect(&mut self, _params: crate::colo::Params) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("COLO").into())
     }
     /// This VM's side of its COLO pair; `failover` and `checkpoint` ask
     /// the side for one first.
-    fn colo(&mut self, _ask: ColoAsk) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("COLO"))
+    fn colo(&mut self, _ask: ColoAsk) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("COLO").into())
     }
 }
 
@@ -402,7 +409,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         Ok(r) => r,
         Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
     };
-    let answer = |r: Result<Value, VmOpError>| match r {
+    let answer = |r: Result<Value, ControlError>| match r {
         Ok(mut v) => {
             if let Some(o) = v.as_object_mut() {
                 o.insert("ok".into(), Value::Bool(true));
@@ -469,7 +476,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                     &to,
                 ) {
                     Ok(a) => a,
-                    Err(e) => return answer(Err(VmOpError::Colo(e))),
+                    Err(e) => return answer(Err(ControlError::colo(Refused::Invalid(e)))),
                 };
                 let params = crate::colo::Params {
                     to,
@@ -483,7 +490,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                 };
                 answer(ctl.colo_start(params, arbiter))
             }
-            Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),
+            Err(e) => answer(Err(ControlError::colo(Refused::Invalid(e)))),
         },
         Request::ColoReprotect {
             to,
@@ -505,7 +512,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                 queue_full,
                 channels,
             })),
-            Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),
+            Err(e) => answer(Err(ControlError::colo(Refused::Invalid(e)))),
         },
         Request::ColoStatus {} => answer(ctl.colo(ColoAsk::Status)),
         Request::ColoFailover {} => answer(ctl.colo(ColoAsk::Failover)),

@@ -95,6 +95,8 @@ pub fn run(cfg: &VmConfig) -> Result<crate::exit::VmExit, VmError> {
 /// `cfg.kernel`, `initrd` and `cmdline` are not used, and the devices must
 /// be the snapshot's (checked by [`snapshot::load`]).
 pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
+    // A bad TLS file is refused now, not at the first migration.
+    let transport = crate::streams::Transport::from_config(&cfg.streams).map_err(VmError::Tls)?;
     let host = HostKind::detect();
     let kvm = open_kvm()?;
     let msr_indices = Arc::new(vcpu_state::msr_index_list(&kvm).map_err(VmError::SaveSetup)?);
@@ -166,7 +168,6 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         profiler,
         msr_indices,
         manifest,
-        transport: cfg.transport.clone(),
         firmware,
     })));
     let vm = Vm {
@@ -175,6 +176,8 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         metrics: cfg.metrics.clone(),
         profile: cfg.profile.clone(),
         start_paused: start.waits(),
+        transport: Arc::new(transport),
+        colo: crate::colo::Slot::default(),
     };
     match start {
         Start::Restore(r) => restore(&vm.handle, *r)?,

@@ -459,8 +459,30 @@ pub struct VmConfig {
     pub api_sock: Option<PathBuf>,
     /// The guest profiler (`--guest-profile`, `--guest-symbols`).
     pub profile: ProfileConfig,
-    /// TLS or plain TCP for migration and COLO streams.
-    pub transport: crate::streams::Transport,
+    /// TLS or plain TCP for migration and COLO streams (the files are
+    /// loaded when the VM is built, by the layer above the core).
+    pub streams: StreamsConfig,
+}
+
+/// How the migration and COLO streams cross the network, as data: the
+/// TLS files (`--tls-cert/--tls-key/--tls-ca`, all three or none) or plain
+/// TCP, off this host only with `--insecure`. `streams::Transport` loads
+/// it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamsConfig {
+    pub tls: Option<TlsFiles>,
+    pub insecure: bool,
+}
+
+/// The PEM files one side uses, in both roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This host's certificate chain (its own first).
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// The CA that signed the peer's certificate.
+    pub ca: PathBuf,
 }
 
 /// What the guest profiler is given on the command line.

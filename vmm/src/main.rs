@@ -425,6 +425,10 @@ fn incoming(from: vmm::streams::Endpoint, args: RunArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    let tls = match args.streams() {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
     let transport = match args.transport() {
         Ok(t) => t,
         Err(e) => return fail(e),
@@ -447,7 +451,7 @@ fn incoming(from: vmm::streams::Endpoint, args: RunArgs) -> ExitCode {
         metrics: args.metrics,
         api_sock: args.api_sock,
         profile,
-        transport,
+        streams: tls,
     };
     let secondary = args.colo.is_some();
     let start = if secondary {
@@ -470,8 +474,8 @@ fn incoming(from: vmm::streams::Endpoint, args: RunArgs) -> ExitCode {
             Err(e) => return fail(e),
         };
         let side = vmm::colo::secondary::side(&from, &arbiter, streams);
-        vm.handle().set_colo(side.clone());
-        Some(vmm::colo::secondary::then(side, arbiter))
+        vm.set_colo(side.clone());
+        Some(vmm::colo::secondary::then(side, arbiter, vm.transport()))
     } else {
         None
     };
@@ -501,8 +505,8 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let transport = match args.transport() {
-        Ok(t) => t,
+    let streams = match args.streams() {
+        Ok(s) => s,
         Err(e) => return fail(e),
     };
     let cfg = VmConfig {
@@ -518,7 +522,7 @@ fn boot(args: RunArgs, cmdline: String) -> ExitCode {
         metrics: args.metrics,
         api_sock: args.api_sock,
         profile,
-        transport,
+        streams,
     };
     finish(vmm::builder::run(&cfg))
 }
@@ -529,8 +533,8 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let transport = match args.transport() {
-        Ok(t) => t,
+    let streams = match args.streams() {
+        Ok(s) => s,
         Err(e) => return fail(e),
     };
     let mut disks = args.disks;
@@ -567,7 +571,7 @@ fn restore(path: &std::path::Path, args: RunArgs) -> ExitCode {
         metrics: args.metrics,
         api_sock: args.api_sock,
         profile,
-        transport,
+        streams,
     };
     finish(vmm::builder::build(&cfg, Start::Restore(Box::new(snap))).and_then(|vm| vm.run()))
 }

@@ -1,10 +1,10 @@
-//! The VM as a value: [`Vm`], made by [`crate::builder::build`], owns the
-//! KVM VM, guest memory, devices, the vCPU and device threads and the VMM
-//! thread's event loop; [`Vm::run`] runs it to its end on the calling
-//! thread (the VMM thread) and joins every thread it started.
+//! The VM core as other threads drive it: a [`VmHandle`] (cheap to
+//! clone) reaches everything of a VM but its event loop (the KVM VM, guest
+//! memory, devices, the vCPU and device threads), which the layer above
+//! assembles (`CoreParts`) and runs on the VMM thread.
 //!
-//! Other threads (the control API's adapter, later the migration and COLO
-//! threads) reach a running VM through a [`VmHandle`]: pause and resume
+//! The VMM thread, the control API's adapter, and the migration and COLO
+//! threads drive a running VM through it: pause and resume
 //! (vCPUs, devices and the guest clock), [`VmHandle::capture_state`] and
 //! [`VmHandle::apply_state`] on a paused VM, guest memory and its dirty
 //! log, throttling, metrics, snapshots. A handle never blocks a vCPU: it
@@ -12,9 +12,10 @@
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use devices::bus::lock;
 use devices::rtc::CMOS_BYTES;
 use devices::GuestMemoryMmap;
 use kvm_bindings::kvm_clock_data;
@@ -73,16 +74,23 @@ pub enum VmOpError {
     DirtyLogOff,
     #[error("cannot encode the answer: {0}")]
     Encode(#[source] serde_json::Error),
-    #[error("migration: {0}")]
-    Migration(String),
-    #[error("COLO: {0}")]
-    Colo(String),
+    #[error("migration: cannot {what} the lock of disk {disk}: {source}")]
+    DiskLock {
+        what: &'static str,
+        disk: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("migration: cannot flush disk {disk}: {source}")]
+    DiskFlush {
+        disk: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("a migration is under way (migrate-cancel first)")]
     Migrating,
     #[error("the VM holds no guest yet: it waits for an incoming migration")]
     Empty,
-    #[error("this VM booted from --firmware {0}: a COLO pair of it is not supported yet")]
-    Firmware(std::path::PathBuf),
 }
 
 /// Whether the VM is paused, and what its pause saved.
@@ -113,10 +121,6 @@ pub(crate) struct Core {
     /// (it must not be resumed, snapshotted or reverted).
     pub empty: std::sync::atomic::AtomicBool,
     pause: Mutex<PauseState>,
-    /// This VM's side of a COLO pair, if it is in one.
-    colo: Mutex<Option<Arc<crate::colo::Side>>>,
-    /// How its migration and COLO streams cross the network.
-    transport: crate::streams::Transport,
     /// The firmware image it booted from (`--firmware`), mapped while it runs.
     firmware: Option<Arc<crate::boot::firmware::Firmware>>,
 }
@@ -141,8 +145,6 @@ impl Core {
                 since: Some(Instant::now()),
                 clock: None,
             }),
-            colo: Mutex::new(None),
-            transport: parts.transport,
             firmware: parts.firmware,
         }
     }
@@ -160,7 +162,6 @@ pub(crate) struct CoreParts {
     pub profiler: Arc<Profiler>,
     pub msr_indices: Arc<Vec<u32>>,
     pub manifest: Manifest,
-    pub transport: crate::streams::Transport,
     pub firmware: Option<Arc<crate::boot::firmware::Firmware>>,
 }
 
@@ -189,10 +190,6 @@ pub struct RevertDone {
     pub ms: f64,
     /// Whether the VM was running (and runs again).
     pub was_running: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    devices::bus::lock(m)
 }
 
 impl VmHandle {
@@ -262,14 +259,9 @@ impl VmHandle {
         Ok(())
     }
 
-    /// Whether this VM can be a COLO primary: not yet one booted from
-    /// `--firmware` (its snapshots and migrations record the image; the
-    /// secondary would need it given too, untested).
-    pub fn pairable(&self) -> Result<(), VmOpError> {
-        match &self.0.firmware {
-            Some(fw) => Err(VmOpError::Firmware(fw.path().to_path_buf())),
-            None => Ok(()),
-        }
+    /// The firmware image it booted from (`--firmware`), if any.
+    pub fn firmware(&self) -> Option<&std::path::Path> {
+        self.0.firmware.as_ref().map(|fw| fw.path())
     }
 
     /// The whole state of the paused VM but its memory; the vCPUs hand
@@ -478,10 +470,11 @@ impl VmHandle {
         for slot in self.virtio().iter() {
             if let Some(Err(e)) = slot.hold_disk_lock(held) {
                 let what = if held { "take" } else { "release" };
-                return Err(VmOpError::Migration(format!(
-                    "cannot {what} the lock of disk {}: {e}",
-                    slot.id()
-                )));
+                return Err(VmOpError::DiskLock {
+                    what,
+                    disk: slot.id().to_string(),
+                    source: e,
+                });
             }
         }
         Ok(())
@@ -492,10 +485,10 @@ impl VmHandle {
     pub fn flush_disks(&self) -> Result<(), VmOpError> {
         for slot in self.virtio().iter() {
             if let Some(Err(e)) = slot.flush_disk() {
-                return Err(VmOpError::Migration(format!(
-                    "cannot flush disk {}: {e}",
-                    slot.id()
-                )));
+                return Err(VmOpError::DiskFlush {
+                    disk: slot.id().to_string(),
+                    source: e,
+                });
             }
         }
         Ok(())
@@ -508,21 +501,6 @@ impl VmHandle {
     }
 
     /// Guest RAM, its KVM slots and its dirty log.
-    /// This VM's side of a COLO pair, if any.
-    pub fn colo(&self) -> Option<Arc<crate::colo::Side>> {
-        devices::bus::lock(&self.0.colo).clone()
-    }
-
-    /// Makes `side` this VM's side of a COLO pair.
-    pub fn set_colo(&self, side: Arc<crate::colo::Side>) {
-        *devices::bus::lock(&self.0.colo) = Some(side);
-    }
-
-    /// How this VM's migration and COLO streams cross the network.
-    pub fn transport(&self) -> &crate::streams::Transport {
-        &self.0.transport
-    }
-
     pub fn ram(&self) -> &Arc<GuestRam> {
         &self.0.ram
     }
@@ -561,11 +539,6 @@ impl VmHandle {
                     serde_json::json!({ "ignored_accesses": ignored }),
                 );
             }
-        }
-        // A COLO side's report, as colo_status gives it.
-        if let (Some(side), Some(o)) = (self.colo(), m.as_object_mut()) {
-            let report = serde_json::to_value(side.report()).unwrap_or_default();
-            o.insert("colo".into(), report);
         }
         m
     }

@@ -12,16 +12,16 @@ impl Control for Fake {
     fn status(&mut self) -> Value {
         json!({"state": if self.paused {"paused"} else {"running"}})
     }
-    fn pause(&mut self) -> Result<f64, VmOpError> {
+    fn pause(&mut self) -> Result<f64, ControlError> {
         if self.paused {
-            return Err(VmOpError::AlreadyPaused);
+            return Err(VmOpError::AlreadyPaused.into());
         }
         self.paused = true;
         Ok(1.0)
     }
-    fn resume(&mut self) -> Result<(), VmOpError> {
+    fn resume(&mut self) -> Result<(), ControlError> {
         if !self.paused {
-            return Err(VmOpError::NotPaused);
+            return Err(VmOpError::NotPaused.into());
         }
         self.paused = false;
         Ok(())
@@ -32,8 +32,8 @@ impl Control for Fake {
     fn shutdown(&mut self) {
         self.shutdown = true;
     }
-    fn snapshot(&mut self, _: &Path) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("snapshots"))
+    fn snapshot(&mut self, _: &Path) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("snapshots").into())
     }
 }
 

@@ -38,7 +38,7 @@ pub mod survivor;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -207,6 +207,32 @@ impl Report {
 }
 
 /// A side as the API sees it: its report, and the operator's requests.
+/// The COLO side a VM is in, if any. Held by the layer that runs the VM
+/// (`vm_loop`, the control adapter), never by the VM core; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Slot(Arc<Mutex<Option<Arc<Side>>>>);
+
+impl Slot {
+    /// The side, if the VM is in a pair (or was).
+    pub fn get(&self) -> Option<Arc<Side>> {
+        devices::bus::lock(&self.0).clone()
+    }
+
+    /// Makes `side` the VM's side of a COLO pair.
+    pub fn set(&self, side: Arc<Side>) {
+        *devices::bus::lock(&self.0) = Some(side);
+    }
+
+    /// Adds the side's report (as `colo_status` gives it) to the VM's
+    /// metrics, under `colo`.
+    pub fn add_report(&self, metrics: &mut serde_json::Value) {
+        if let (Some(side), Some(o)) = (self.get(), metrics.as_object_mut()) {
+            let report = serde_json::to_value(side.report()).unwrap_or_default();
+            o.insert("colo".into(), report);
+        }
+    }
+}
+
 pub struct Side {
     report: Mutex<Report>,
     failover: AtomicBool,

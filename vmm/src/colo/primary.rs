@@ -40,8 +40,8 @@ use super::proxy::{Cmd, Proxy};
 use super::survivor::Survivor;
 use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Report, Side};
 use crate::boot::layout;
+use crate::migrate::VmLink;
 use crate::streams::endpoint::Conn;
-use crate::vm::VmHandle;
 use devices::virtio::net::datagram::Datagram;
 use devices::virtio::net::NetBackend;
 use replication::compare::{Compare, CompareConfig, QueueFull};
@@ -66,7 +66,7 @@ pub struct Primary {
 
 impl Primary {
     /// Starts the pair's thread on `vm`.
-    pub fn start(vm: VmHandle, params: Params, arbiter: ArbiterSpec) -> std::io::Result<Primary> {
+    pub fn start(vm: VmLink, params: Params, arbiter: ArbiterSpec) -> std::io::Result<Primary> {
         let side = Arc::new(Side::new(Report {
             channels: params.channels,
             heartbeat_ms: params.heartbeat_ms,
@@ -111,7 +111,7 @@ impl Drop for Primary {
 
 /// The thread's body: the lease, the pair, then this VM as the pair's
 /// survivor (alone, or fenced) until the VMM ends.
-fn run(vm: &VmHandle, params: &Params, arbiter: &ArbiterSpec, side_arc: Arc<Side>) {
+fn run(vm: &VmLink, params: &Params, arbiter: &ArbiterSpec, side_arc: Arc<Side>) {
     let id = format!("primary pid {}", std::process::id());
     let mut lease = match arbiter.open(&id) {
         Ok(l) => l,
@@ -136,7 +136,7 @@ pub struct Ended {
 /// that does not start leaves the guest running here as before it (dirty
 /// log off; the lease free unless a survivor's).
 pub fn protect(
-    vm: &VmHandle,
+    vm: &VmLink,
     params: &Params,
     side_arc: &Arc<Side>,
     lease: &mut dyn Arbiter,
@@ -218,7 +218,7 @@ pub fn protect(
 
 /// The initial sync; then the pair's timing and the disks' sums go to
 /// the secondary, which checks them against its own images.
-fn sync(vm: &VmHandle, params: &Params, side: &Side) -> Result<Conn, ColoError> {
+fn sync(vm: &VmLink, params: &Params, side: &Side) -> Result<Conn, ColoError> {
     let sums = super::disks::sums(vm.manifest())?;
     let mparams = crate::migrate::Params {
         downtime_ms: 300,
@@ -262,7 +262,7 @@ fn not_started(side: &Side, e: ColoError) {
 }
 
 struct Pair<'a> {
-    vm: &'a VmHandle,
+    vm: &'a VmLink,
     side: &'a Side,
     fo: Failover,
     lease: &'a mut dyn Arbiter,
@@ -452,7 +452,7 @@ impl Pair<'_> {
 /// from its tap to a datagram backend whose other end the proxy holds,
 /// with the tap (put back if a later NIC cannot move).
 fn start_proxy(
-    vm: &VmHandle,
+    vm: &VmLink,
     params: &Params,
     side: Arc<Side>,
     fence: Fence,
@@ -554,7 +554,7 @@ struct Target<'a> {
 /// One checkpoint (see the module doc); the guest is resumed whatever
 /// happens (unless the user had paused it).
 fn checkpoint(
-    vm: &VmHandle,
+    vm: &VmLink,
     to: Target<'_>,
     epoch: u64,
     on_commit: &dyn Fn(),
@@ -592,7 +592,7 @@ fn checkpoint(
 
 /// With the guest paused: the pages, the state, the commit.
 fn send_checkpoint(
-    vm: &VmHandle,
+    vm: &VmLink,
     conn: &mut Conn,
     channels: &mut [Conn],
     spans: &[migration::protocol::colo::Span],

@@ -36,8 +36,10 @@ use super::{dirty, failover_config, incoming, ColoError, Report, Side};
 use crate::boot::layout;
 use crate::exit::VmExit;
 use crate::memory::DirtyBitmap;
+use crate::migrate::VmLink;
 use crate::streams::endpoint::{Conn, Listener};
 use crate::streams::Endpoint;
+use crate::streams::Transport;
 use crate::vm::VmHandle;
 use devices::virtio::net::datagram::Datagram;
 
@@ -62,9 +64,19 @@ pub fn side(from: &Endpoint, arbiter: &ArbiterSpec, transport: &'static str) -> 
 }
 
 /// What the incoming thread runs once the initial sync is done.
-pub fn then(side: Arc<Side>, arbiter: ArbiterSpec) -> crate::migrate::dest::Then {
+/// `transport`: the streams this side opens once it serves alone (a
+/// re-protect).
+pub fn then(
+    side: Arc<Side>,
+    arbiter: ArbiterSpec,
+    transport: Arc<Transport>,
+) -> crate::migrate::dest::Then {
     Box::new(move |vm: &VmHandle, conn: Conn, listener: &Listener| {
-        if let Err(e) = serve(vm, conn, listener, &side, &arbiter) {
+        let link = VmLink {
+            vm: vm.clone(),
+            transport: transport.clone(),
+        };
+        if let Err(e) = serve(&link, conn, listener, &side, &arbiter) {
             let why = format!("the pair did not start: {e}");
             side.update(|r| {
                 r.state = State::Retired;
@@ -83,7 +95,7 @@ enum Ended {
 }
 
 fn serve(
-    vm: &VmHandle,
+    vm: &VmLink,
     mut conn: Conn,
     listener: &Listener,
     side: &Arc<Side>,
@@ -176,7 +188,7 @@ fn serve(
 /// the lease (and the proxy, if it serves through it) while this VM
 /// serves; a fenced side ends as soon as the arbiter answers again.
 struct After<'a> {
-    vm: &'a VmHandle,
+    vm: &'a VmLink,
     side: &'a Arc<Side>,
     fence: Fence,
     /// When a fenced side last asked the arbiter.

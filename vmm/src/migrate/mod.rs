@@ -18,7 +18,36 @@ pub mod status;
 pub use source::{Ended, Migration};
 pub use status::{Mode, Params, Phase, Status};
 
+use std::sync::Arc;
+
 use migration::protocol::ProtocolError;
+
+use crate::streams::Transport;
+use crate::vm::VmHandle;
+
+/// A VM with the streams it opens: what the migration thread and a COLO
+/// primary are given (the VM core knows no streams). Derefs to the VM.
+#[derive(Clone)]
+pub struct VmLink {
+    pub vm: VmHandle,
+    /// TLS or plain TCP, loaded once when the VM was built.
+    pub transport: Arc<Transport>,
+}
+
+impl VmLink {
+    /// How this VM's migration and COLO streams cross the network.
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+}
+
+impl std::ops::Deref for VmLink {
+    type Target = VmHandle;
+
+    fn deref(&self) -> &VmHandle {
+        &self.vm
+    }
+}
 
 /// Why a migration failed (on either side).
 #[derive(Debug, thiserror::Error)]

@@ -439,9 +439,14 @@ impl RunArgs {
     /// The streams' security: the TLS files loaded (all three or none),
     /// or plain TCP, off this host only with --insecure.
     pub fn transport(&self) -> Result<crate::streams::Transport, RunArgsError> {
+        crate::streams::Transport::from_config(&self.streams()?).map_err(RunArgsError::Tls)
+    }
+
+    /// The streams' security as data (the TLS files: all three or none).
+    pub fn streams(&self) -> Result<config::StreamsConfig, RunArgsError> {
         let files = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
             (None, None, None) => None,
-            (Some(cert), Some(key), Some(ca)) => Some(crate::streams::tls::TlsFiles {
+            (Some(cert), Some(key), Some(ca)) => Some(config::TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 ca: ca.clone(),
@@ -451,7 +456,10 @@ impl RunArgs {
         if files.is_some() && self.insecure {
             return Err(RunArgsError::TlsPartial);
         }
-        crate::streams::Transport::new(files.as_ref(), self.insecure).map_err(RunArgsError::Tls)
+        Ok(config::StreamsConfig {
+            tls: files,
+            insecure: self.insecure,
+        })
     }
 
     /// The profiler's settings; an unreadable --guest-symbols is an error.
