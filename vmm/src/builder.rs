@@ -119,6 +119,9 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), cfg.machine, cfg.cpus, &exit)?;
     dm.defer_disk_locks = start.waits();
     dm.secondary = matches!(start, Start::Secondary);
+    if dm.secondary {
+        dm.wrap_disk = Some(crate::colo::replica::wrap);
+    }
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
     let announce = dm.announcement();
     let (devices, subscribers) = dm.finish();
