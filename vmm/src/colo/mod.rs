@@ -3,7 +3,10 @@
 //! heartbeats and checkpoints; `migration::protocol`, COLO sequence).
 //!
 //! - [`primary`]: the `colo` thread of the VM that serves, started by the
-//!   `colo_start` API verb: initial sync, heartbeats, checkpoints.
+//!   `colo_start` API verb: the lease, the pair, then the survivor.
+//! - [`pair`]: one pair from the primary's side (initial sync, heartbeats,
+//!   checkpoints), run by the primary and by a re-protected survivor.
+//! - [`survivor`]: a side that serves alone once its pair ended.
 //! - [`secondary`]: what `tandem run --colo secondary` runs after the
 //!   initial sync on its `incoming` thread: answers heartbeats, applies
 //!   whole checkpoints, takes over when the primary is lost.
@@ -30,6 +33,7 @@ pub mod disks;
 pub mod forward;
 pub mod incoming;
 pub mod link;
+pub mod pair;
 pub mod primary;
 pub mod proxy;
 pub mod replica;

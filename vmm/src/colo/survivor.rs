@@ -28,7 +28,7 @@ use replication::arbiter::Arbiter;
 use replication::failover::{Action, Failover, Role, State};
 
 use super::arbiter::Fence;
-use super::primary::{self, Ended};
+use super::pair::{self, Ended};
 use super::proxy::Proxy;
 use super::{Params, Side};
 use crate::exit::VmExit;
@@ -128,7 +128,7 @@ impl<'a> Survivor<'a> {
         );
         self.side.renew(params);
         self.note = None;
-        match primary::protect(self.vm, params, &self.side, lease, true) {
+        match pair::protect(self.vm, params, &self.side, lease, true) {
             Ok(ended) => {
                 self.fo = ended.fo;
                 self.fence = ended.fence;
