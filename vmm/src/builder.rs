@@ -21,12 +21,12 @@ use kvm_ioctls::{Kvm, VmFd};
 use crate::api::ApiServer;
 use crate::boot::{self, cpu, layout};
 use crate::config::{Machine, VmConfig};
-use crate::cpuid;
 use crate::device_manager::{self, DeviceManager, Devices};
 use crate::device_thread::DeviceThread;
 use crate::exit::ExitSignal;
 use crate::exit_counts::ExitCounts;
-use crate::host::HostKind;
+use crate::host_emu::cpuid;
+use crate::host_emu::HostKind;
 use crate::kvm_util::kvm_op;
 use crate::memory::GuestRam;
 use crate::pause::{self, ThreadKick};
@@ -256,6 +256,8 @@ fn spawn_vcpus(
     let profiler = Arc::new(Profiler::new(kicks.clone()));
     let exits = Arc::new(ExitCounts::default());
     pause::install_kick_handler().map_err(VmError::Kick)?;
+    // The emulator's gate checks the host itself, not TANDEM_HOST_KIND.
+    let emulator_host = HostKind::probe();
     let mut handles = Vec::with_capacity(usize::from(cfg.cpus));
     for (id, kick) in (0..cfg.cpus).zip(kicks) {
         let fd = vm
@@ -275,6 +277,7 @@ fn spawn_vcpus(
             mmio: devices.mmio.clone(),
             mem: devices.mem.clone(),
             rom: boot.rom.clone(),
+            host: emulator_host,
             exit: exit.clone(),
             kick,
             profiler: profiler.clone(),

@@ -16,10 +16,10 @@ pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
 /// (each console character is a few hundred emulated instructions and two
 /// exits; the kernel's log stays in `dmesg`, and warnings still reach the
 /// console).
-pub fn default_cmdline(host: crate::host::HostKind) -> String {
+pub fn default_cmdline(host: crate::host_emu::HostKind) -> String {
     match host {
-        crate::host::HostKind::Hardware => DEFAULT_CMDLINE.to_string(),
-        crate::host::HostKind::Emulated => format!("{DEFAULT_CMDLINE} quiet"),
+        crate::host_emu::HostKind::Hardware => DEFAULT_CMDLINE.to_string(),
+        crate::host_emu::HostKind::Emulated => format!("{DEFAULT_CMDLINE} quiet"),
     }
 }
 const MIN_MEM: u64 = 16 << 20;

@@ -729,7 +729,7 @@ pub fn metrics_json(virtio: &[VirtioSlot], exits: &ExitCounts) -> serde_json::Va
     serde_json::json!({
         "net": net,
         "blk": blk,
-        "emulation": crate::emulation::counts(),
+        "emulation": crate::host_emu::emulation::counts(),
         "exits": exits.json(),
     })
 }

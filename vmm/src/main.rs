@@ -383,7 +383,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    let host = vmm::host::HostKind::detect();
+    let host = vmm::host_emu::HostKind::detect();
     let cmdline = args
         .cmdline
         .clone()

@@ -20,9 +20,9 @@ use crate::boot::{self, cpu};
 use crate::config::ProfileConfig;
 use crate::console;
 use crate::control::VmControl;
-use crate::cpuid;
 use crate::device_manager;
 use crate::exit::VmExit;
+use crate::host_emu::cpuid;
 use crate::kvm_util::KvmOp;
 use crate::memory::MemoryError;
 use crate::pause;
@@ -176,7 +176,7 @@ impl Vm {
         if let Some(file) = &self.profile.file {
             write_profile(handle.profiler(), file, self.profile.symbols.as_deref());
         }
-        log::info!("{}", crate::emulation::summary());
+        log::info!("{}", crate::host_emu::emulation::summary());
         Ok(why)
     }
 

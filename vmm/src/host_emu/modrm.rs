@@ -1,7 +1,7 @@
 //! Decodes the prefixes and the ModRM operand of an instruction KVM's
 //! emulator gave up on, and computes a memory operand's linear address:
 //! the part of x86 decoding the completions in `emulation` share
-//! (`emulation_fpu`'s control moves and `x87`'s arithmetic).
+//! (`fpu`'s control moves and `x87`'s arithmetic).
 //!
 //! 32- and 64-bit code only: 16-bit addressing (`[bx+si]`, disp16, or an
 //! address-size prefix outside 64-bit mode) is refused, as is anything
