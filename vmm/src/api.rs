@@ -300,9 +300,9 @@ mod field {
         crate::profile::check_hz(hz).map_err(|e| invalid::<D>("hz", e))
     }
 
-    /// 0 to [`crate::vcpu::MAX_THROTTLE`].
+    /// 0 to [`crate::vstate::vcpu::MAX_THROTTLE`].
     pub fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<u8, D::Error> {
-        let max = crate::vcpu::MAX_THROTTLE;
+        let max = crate::vstate::vcpu::MAX_THROTTLE;
         let n: u64 = named("percent", d)?;
         u8::try_from(n)
             .ok()

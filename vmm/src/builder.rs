@@ -23,20 +23,20 @@ use crate::boot::{self, cpu, layout};
 use crate::config::{Machine, VmConfig};
 use crate::device_manager::{self, DeviceManager, Devices};
 use crate::device_thread::DeviceThread;
-use crate::exit::ExitSignal;
-use crate::exit_counts::ExitCounts;
 use crate::host_emu::cpuid;
 use crate::host_emu::HostKind;
 use crate::kvm_util::kvm_op;
-use crate::memory::GuestRam;
 use crate::pause::{self, ThreadKick};
 use crate::profile::Profiler;
 use crate::snapshot::Restore;
-use crate::vcpu::Vcpu;
-use crate::vcpu_state;
-use crate::vcpus::Vcpus;
 use crate::vm::{Core, CoreParts, VmHandle};
 use crate::vm_loop::{Vm, VmError};
+use crate::vstate::exit::ExitSignal;
+use crate::vstate::exit_counts::ExitCounts;
+use crate::vstate::memory::GuestRam;
+use crate::vstate::vcpu::Vcpu;
+use crate::vstate::vcpu_state;
+use crate::vstate::vcpus::Vcpus;
 
 /// Opens /dev/kvm with a message that says what to do.
 pub fn open_kvm() -> Result<Kvm, VmError> {
@@ -87,7 +87,7 @@ impl Start {
 }
 
 /// Boots the VM of `cfg` and runs it until it ends.
-pub fn run(cfg: &VmConfig) -> Result<crate::exit::VmExit, VmError> {
+pub fn run(cfg: &VmConfig) -> Result<crate::vstate::exit::VmExit, VmError> {
     build(cfg, Start::Boot)?.run()
 }
 

@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 
 use crate::api::{ColoAsk, Control, ControlError, DirtyLogAction, Refused};
 use crate::colo::Slot;
-use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
 use crate::migrate::{Ended, Migration, Params, VmLink};
 use crate::profile;
 use crate::streams::Endpoint;
 use crate::vm::VmOpError;
+use crate::vstate::memory::{count_bits, GuestRam, PAGE_SIZE};
 use std::sync::Arc;
 
 /// The VM as the control API sees it.

@@ -50,9 +50,9 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, Machine, NetSpec};
 use crate::console::ConsoleOut;
-use crate::exit::ExitSignal;
-use crate::exit_counts::ExitCounts;
 use crate::kvm_util::{kvm_op, KvmOp};
+use crate::vstate::exit::ExitSignal;
+use crate::vstate::exit_counts::ExitCounts;
 
 mod disks;
 mod msi;

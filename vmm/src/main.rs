@@ -7,8 +7,8 @@ use clap::{Args, Parser, Subcommand};
 
 use vmm::builder::Start;
 use vmm::config::{self, VmConfig, DEFAULT_MEM};
-use vmm::exit::VmExit;
 use vmm::run_args::RunArgs;
+use vmm::vstate::exit::VmExit;
 
 #[derive(Parser)]
 #[command(

@@ -24,16 +24,16 @@ use migration::Manifest;
 
 use crate::device_manager::{metrics_json, DeviceError, Devices, SerialPort, VirtioSlot};
 use crate::device_thread::DeviceThread;
-use crate::exit::{ExitSignal, VmExit};
-use crate::exit_counts::ExitCounts;
 use crate::kvm_util::{kvm_op, KvmOp};
-use crate::memory::{GuestRam, MemoryError};
 use crate::pause::PauseError;
 use crate::profile::{ProfileError, Profiler};
 use crate::snapshot::{self, SaveReport, SnapshotError};
-use crate::vcpu::VcpuError;
-use crate::vcpus::Vcpus;
-use crate::vm_state::{self, VmState};
+use crate::vstate::exit::{ExitSignal, VmExit};
+use crate::vstate::exit_counts::ExitCounts;
+use crate::vstate::memory::{GuestRam, MemoryError};
+use crate::vstate::vcpu::VcpuError;
+use crate::vstate::vcpus::Vcpus;
+use crate::vstate::vm_state::{self, VmState};
 
 /// How long each vCPU thread and the device thread may take to end once
 /// the VM has ended.
@@ -495,7 +495,7 @@ impl VmHandle {
     }
 
     /// Makes every vCPU run only (100 - `percent`)% of the time (0: off;
-    /// see [`crate::vcpu::THROTTLE_SLICE`]).
+    /// see [`crate::vstate::vcpu::THROTTLE_SLICE`]).
     pub fn throttle(&self, percent: u8) -> Result<(), VmOpError> {
         Ok(lock(&self.0.vcpus).throttle(percent)?)
     }

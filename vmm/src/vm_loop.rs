@@ -21,16 +21,16 @@ use crate::config::ProfileConfig;
 use crate::console;
 use crate::control::VmControl;
 use crate::device_manager;
-use crate::exit::VmExit;
 use crate::host_emu::cpuid;
 use crate::kvm_util::KvmOp;
-use crate::memory::MemoryError;
 use crate::pause;
 use crate::profile::ProfileError;
 use crate::profile::Profiler;
-use crate::vcpu::VcpuError;
-use crate::vcpu_state::VcpuStateError;
 use crate::vm::{VmHandle, VmOpError};
+use crate::vstate::exit::VmExit;
+use crate::vstate::memory::MemoryError;
+use crate::vstate::vcpu::VcpuError;
+use crate::vstate::vcpu_state::VcpuStateError;
 
 /// Errors before the guest runs.
 #[derive(Debug, thiserror::Error)]
@@ -142,17 +142,17 @@ impl Vm {
     }
 
     /// See [`VmHandle::capture_state`].
-    pub fn capture_state(&self) -> Result<crate::vm_state::VmState, VmOpError> {
+    pub fn capture_state(&self) -> Result<crate::vstate::vm_state::VmState, VmOpError> {
         self.handle.capture_state()
     }
 
     /// See [`VmHandle::apply_state`].
-    pub fn apply_state(&self, s: &crate::vm_state::VmState) -> Result<(), VmOpError> {
+    pub fn apply_state(&self, s: &crate::vstate::vm_state::VmState) -> Result<(), VmOpError> {
         self.handle.apply_state(s)
     }
 
     /// Guest RAM and its dirty log.
-    pub fn ram(&self) -> &Arc<crate::memory::GuestRam> {
+    pub fn ram(&self) -> &Arc<crate::vstate::memory::GuestRam> {
         self.handle.ram()
     }
 

@@ -81,4 +81,7 @@ macro_rules! through_vm {
     )*};
 }
 
-through_vm!(crate::profile::ProfileError, crate::memory::MemoryError);
+through_vm!(
+    crate::profile::ProfileError,
+    crate::vstate::memory::MemoryError
+);

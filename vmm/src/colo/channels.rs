@@ -26,11 +26,11 @@ use std::time::Duration;
 use migration::protocol::{self, MemoryBatch, Message};
 
 use super::ColoError;
-use crate::memory::{DirtyBitmap, GuestRam};
 use crate::migrate::inline::Slicer;
 use crate::migrate::pages::{self, Sent, Stop};
 use crate::streams::endpoint::{Conn, Listener};
 use crate::streams::{Endpoint, Transport};
+use crate::vstate::memory::{DirtyBitmap, GuestRam};
 
 /// Bitmap words (64 pages each) per run handed to one channel.
 const RUN_WORDS: usize = 8;

@@ -21,7 +21,7 @@ use migration::protocol::{self, MemoryBatch, Message, ProtocolError};
 use migration::Manifest;
 
 use super::ColoError;
-use crate::vm_state::VmState;
+use crate::vstate::vm_state::VmState;
 
 /// A whole checkpoint, checked, not applied.
 pub struct Checkpoint {

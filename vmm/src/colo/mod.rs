@@ -72,7 +72,7 @@ pub enum ColoError {
     #[error(transparent)]
     Vm(#[from] crate::vm::VmOpError),
     #[error(transparent)]
-    Memory(#[from] crate::memory::MemoryError),
+    Memory(#[from] crate::vstate::memory::MemoryError),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::SnapshotError),
     #[error("encoding the VM's state: {0}")]

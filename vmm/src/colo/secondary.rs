@@ -34,13 +34,13 @@ use super::replica::{self, Replica};
 use super::survivor::Survivor;
 use super::{dirty, failover_config, incoming, ColoError, Report, Side};
 use crate::boot::layout;
-use crate::exit::VmExit;
-use crate::memory::DirtyBitmap;
 use crate::migrate::VmLink;
 use crate::streams::endpoint::{Conn, Listener};
 use crate::streams::Endpoint;
 use crate::streams::Transport;
 use crate::vm::VmHandle;
+use crate::vstate::exit::VmExit;
+use crate::vstate::memory::DirtyBitmap;
 use devices::virtio::net::datagram::Datagram;
 
 /// How long a NIC's backend swap, the link and a proxy's command may take.

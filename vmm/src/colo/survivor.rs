@@ -31,8 +31,8 @@ use super::arbiter::Fence;
 use super::pair::{self, Ended};
 use super::proxy::Proxy;
 use super::{Params, Side};
-use crate::exit::VmExit;
 use crate::migrate::VmLink;
+use crate::vstate::exit::VmExit;
 
 /// The turn.
 const TURN: Duration = Duration::from_millis(50);

@@ -21,11 +21,11 @@ use migration::Manifest;
 
 use super::MigrateError;
 use crate::boot::layout;
-use crate::exit::VmExit;
 use crate::streams::endpoint::{Conn, Endpoint, Listener};
 use crate::streams::transport::Transport;
 use crate::vm::VmHandle;
-use crate::vm_state::VmState;
+use crate::vstate::exit::VmExit;
+use crate::vstate::vm_state::VmState;
 
 /// How long the destination waits for the next message once the source
 /// is connected.

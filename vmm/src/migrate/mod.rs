@@ -61,7 +61,7 @@ pub enum MigrateError {
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
     #[error(transparent)]
-    Memory(#[from] crate::memory::MemoryError),
+    Memory(#[from] crate::vstate::memory::MemoryError),
     #[error("reading guest memory at {0:#x}: {1}")]
     Read(u64, #[source] vm_memory::GuestMemoryError),
     #[error("writing guest memory at {0:#x}: {1}")]

@@ -341,7 +341,7 @@ impl<'a> Run<'a> {
     fn precopy(
         &mut self,
         conn: &mut Conn,
-    ) -> Result<Vec<crate::memory::DirtyBitmap>, MigrateError> {
+    ) -> Result<Vec<crate::vstate::memory::DirtyBitmap>, MigrateError> {
         let ram = self.vm.ram();
         let mut round = 1;
         let (mut last_look, mut sent_at_look) = (self.started, self.sent.bytes());
@@ -424,7 +424,7 @@ impl<'a> Run<'a> {
     fn stop_and_copy(
         &mut self,
         conn: &mut Conn,
-        pending: Vec<crate::memory::DirtyBitmap>,
+        pending: Vec<crate::vstate::memory::DirtyBitmap>,
     ) -> Result<(), MigrateError> {
         self.check_going()?;
         // The device loop must reach its gate.
@@ -448,7 +448,7 @@ impl<'a> Run<'a> {
         let ram = self.vm.ram();
         let mut last = ram.dirty_pages()?;
         for (l, p) in last.iter_mut().zip(&pending) {
-            crate::memory::or_into(&mut l.bits, &p.bits);
+            crate::vstate::memory::or_into(&mut l.bits, &p.bits);
         }
         let progress = progress_to(self.status);
         let unsliced = Slicer::thread();

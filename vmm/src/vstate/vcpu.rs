@@ -26,12 +26,12 @@ use devices::{Bus, GuestMemoryMmap};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use migration::kvm::KvmVcpuState;
 
-use crate::exit::{ExitSignal, VmExit};
-use crate::exit_counts::{ExitCounts, Kind};
 use crate::host_emu::{self, HostKind};
 use crate::pause::{self, ThreadKick};
 use crate::profile::Profiler;
-use crate::vcpu_state::{self, VcpuStateError};
+use crate::vstate::exit::{ExitSignal, VmExit};
+use crate::vstate::exit_counts::{ExitCounts, Kind};
+use crate::vstate::vcpu_state::{self, VcpuStateError};
 
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;

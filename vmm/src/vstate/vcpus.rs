@@ -22,7 +22,7 @@ use std::time::Duration;
 use migration::kvm::KvmVcpuState;
 
 use crate::pause::ThreadKick;
-use crate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply};
+use crate::vstate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply};
 
 /// How long a vCPU may take to stop, resume or hand over its state.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -187,7 +187,7 @@ impl Vcpus {
     }
 
     /// Makes every vCPU run only (100 - `percent`)% of the time (0: off;
-    /// see [`crate::vcpu::THROTTLE_SLICE`]).
+    /// see [`crate::vstate::vcpu::THROTTLE_SLICE`]).
     pub fn throttle(&mut self, percent: u8) -> Result<(), VcpuError> {
         for h in &self.handles {
             h.send(VcpuEvent::Throttle(percent))?;
