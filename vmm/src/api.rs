@@ -160,26 +160,14 @@ pub enum Request {
     ColoStart {
         #[serde(deserialize_with = "field::endpoint")]
         to: String,
-        #[serde(default = "field::default_period")]
-        checkpoint_period_ms: u64,
-        #[serde(default = "field::default_heartbeat")]
-        heartbeat_ms: u32,
-        #[serde(default = "field::default_heartbeat_timeout")]
-        heartbeat_timeout_ms: u32,
         #[serde(default)]
         lease: Option<PathBuf>,
         #[serde(default)]
         arbiter: Option<String>,
         #[serde(default)]
         lease_ttl_s: Option<u32>,
-        #[serde(default = "field::default_compare_timeout")]
-        compare_timeout_ms: u64,
-        #[serde(default = "field::default_max_queue")]
-        max_queue: usize,
-        #[serde(default)]
-        queue_full: crate::colo::QueueFullPolicy,
-        #[serde(default = "field::default_channels")]
-        channels: u16,
+        #[serde(flatten)]
+        pair: crate::colo::PairParams,
     },
     /// Makes this VM, serving alone after its pair ended (primary_alone or
     /// failed_over), the primary of a new pair with the secondary waiting
@@ -187,20 +175,8 @@ pub enum Request {
     ColoReprotect {
         #[serde(deserialize_with = "field::endpoint")]
         to: String,
-        #[serde(default = "field::default_period")]
-        checkpoint_period_ms: u64,
-        #[serde(default = "field::default_heartbeat")]
-        heartbeat_ms: u32,
-        #[serde(default = "field::default_heartbeat_timeout")]
-        heartbeat_timeout_ms: u32,
-        #[serde(default = "field::default_compare_timeout")]
-        compare_timeout_ms: u64,
-        #[serde(default = "field::default_max_queue")]
-        max_queue: usize,
-        #[serde(default)]
-        queue_full: crate::colo::QueueFullPolicy,
-        #[serde(default = "field::default_channels")]
-        channels: u16,
+        #[serde(flatten)]
+        pair: crate::colo::PairParams,
     },
     ColoStatus {},
     ColoFailover {},
@@ -260,30 +236,6 @@ mod field {
 
     pub fn default_timeout() -> u64 {
         crate::migrate::status::DEFAULT_TIMEOUT_S
-    }
-
-    pub fn default_period() -> u64 {
-        crate::colo::DEFAULT_PERIOD_MS
-    }
-
-    pub fn default_heartbeat() -> u32 {
-        crate::colo::DEFAULT_HEARTBEAT_MS
-    }
-
-    pub fn default_heartbeat_timeout() -> u32 {
-        crate::colo::DEFAULT_HEARTBEAT_TIMEOUT_MS
-    }
-
-    pub fn default_compare_timeout() -> u64 {
-        crate::colo::DEFAULT_COMPARE_TIMEOUT_MS
-    }
-
-    pub fn default_max_queue() -> usize {
-        crate::colo::DEFAULT_MAX_QUEUE
-    }
-
-    pub fn default_channels() -> u16 {
-        1
     }
 
     pub fn default_true() -> bool {
@@ -457,67 +409,49 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         Request::MigrateCancel {} => answer(ctl.migrate_cancel()),
         Request::ColoStart {
             to,
-            checkpoint_period_ms,
-            heartbeat_ms,
-            heartbeat_timeout_ms,
             lease,
             arbiter,
             lease_ttl_s,
-            compare_timeout_ms,
-            max_queue,
-            queue_full,
-            channels,
-        } => match to.parse::<crate::streams::Endpoint>() {
-            Ok(to) => {
-                let arbiter = match crate::colo::arbiter::ArbiterSpec::from_options(
-                    arbiter.as_deref(),
-                    lease,
-                    lease_ttl_s,
-                    &to,
-                ) {
-                    Ok(a) => a,
-                    Err(e) => return answer(Err(ControlError::colo(Refused::Invalid(e)))),
-                };
-                let params = crate::colo::Params {
-                    to,
-                    checkpoint_period_ms,
-                    heartbeat_ms,
-                    heartbeat_timeout_ms,
-                    compare_timeout_ms,
-                    max_queue,
-                    queue_full,
-                    channels,
-                };
-                answer(ctl.colo_start(params, arbiter))
-            }
-            Err(e) => answer(Err(ControlError::colo(Refused::Invalid(e)))),
-        },
-        Request::ColoReprotect {
-            to,
-            checkpoint_period_ms,
-            heartbeat_ms,
-            heartbeat_timeout_ms,
-            compare_timeout_ms,
-            max_queue,
-            queue_full,
-            channels,
-        } => match to.parse::<crate::streams::Endpoint>() {
-            Ok(to) => answer(ctl.colo_reprotect(crate::colo::Params {
-                to,
-                checkpoint_period_ms,
-                heartbeat_ms,
-                heartbeat_timeout_ms,
-                compare_timeout_ms,
-                max_queue,
-                queue_full,
-                channels,
-            })),
-            Err(e) => answer(Err(ControlError::colo(Refused::Invalid(e)))),
-        },
+            pair,
+        } => answer(colo_start(
+            ctl,
+            &to,
+            pair,
+            arbiter.as_deref(),
+            lease,
+            lease_ttl_s,
+        )),
+        Request::ColoReprotect { to, pair } => {
+            answer(pair_to(&to, pair).and_then(|params| ctl.colo_reprotect(params)))
+        }
         Request::ColoStatus {} => answer(ctl.colo(ColoAsk::Status)),
         Request::ColoFailover {} => answer(ctl.colo(ColoAsk::Failover)),
         Request::ColoCheckpoint {} => answer(ctl.colo(ColoAsk::Checkpoint)),
     }
+}
+
+/// The pair of `pair` with the secondary at `to`.
+fn pair_to(to: &str, pair: crate::colo::PairParams) -> Result<crate::colo::Params, ControlError> {
+    let to = to
+        .parse::<crate::streams::Endpoint>()
+        .map_err(|e| ControlError::colo(Refused::Invalid(e)))?;
+    Ok(crate::colo::Params { to, pair })
+}
+
+/// `colo_start`: the pair and its arbiter, then the verb.
+fn colo_start(
+    ctl: &mut dyn Control,
+    to: &str,
+    pair: crate::colo::PairParams,
+    arbiter: Option<&str>,
+    lease: Option<PathBuf>,
+    lease_ttl_s: Option<u32>,
+) -> Result<Value, ControlError> {
+    let params = pair_to(to, pair)?;
+    let arbiter =
+        crate::colo::arbiter::ArbiterSpec::from_options(arbiter, lease, lease_ttl_s, &params.to)
+            .map_err(|e| ControlError::colo(Refused::Invalid(e)))?;
+    ctl.colo_start(params, arbiter)
 }
 
 struct Client {

@@ -218,6 +218,12 @@ impl PairArgs {
     fn params(&self, to: &str) -> Result<vmm::colo::Params, String> {
         Ok(vmm::colo::Params {
             to: to.parse()?,
+            pair: self.pair(),
+        })
+    }
+
+    fn pair(&self) -> vmm::colo::PairParams {
+        vmm::colo::PairParams {
             checkpoint_period_ms: self.checkpoint_period_ms,
             heartbeat_ms: self.heartbeat_ms,
             heartbeat_timeout_ms: self.heartbeat_timeout_ms,
@@ -225,7 +231,7 @@ impl PairArgs {
             max_queue: self.max_queue,
             queue_full: self.colo_queue_full,
             channels: self.colo_channels,
-        })
+        }
     }
 }
 
@@ -277,27 +283,15 @@ fn run_ctl(args: CtlArgs) -> ExitCode {
             lease_ttl_s,
         } => Request::ColoStart {
             to: to.clone(),
-            checkpoint_period_ms: pair.checkpoint_period_ms,
-            heartbeat_ms: pair.heartbeat_ms,
-            heartbeat_timeout_ms: pair.heartbeat_timeout_ms,
             lease: lease.as_deref().map(absolute),
             arbiter: arbiter.clone(),
             lease_ttl_s: *lease_ttl_s,
-            compare_timeout_ms: pair.compare_timeout_ms,
-            max_queue: pair.max_queue,
-            queue_full: pair.colo_queue_full,
-            channels: pair.colo_channels,
+            pair: pair.pair(),
         },
         Verb::ColoReprotect { to, pair } => match pair.params(to) {
             Ok(p) => Request::ColoReprotect {
                 to: p.to.to_string(),
-                checkpoint_period_ms: p.checkpoint_period_ms,
-                heartbeat_ms: p.heartbeat_ms,
-                heartbeat_timeout_ms: p.heartbeat_timeout_ms,
-                compare_timeout_ms: p.compare_timeout_ms,
-                max_queue: p.max_queue,
-                queue_full: p.queue_full,
-                channels: p.channels,
+                pair: p.pair,
             },
             Err(e) => return fail(e),
         },

@@ -103,7 +103,7 @@ pub fn protect(
                 c.shutdown();
                 Err(e)
             }
-            (Ok(_), None) => Err(ColoError::Refused("no page channels".into())),
+            (Ok(_), None) => Err(ColoError::Missing("page channels")),
         }
     });
     let (mut conn, proxy, channels) = match synced {
@@ -392,7 +392,7 @@ fn start_proxy(
     let mut link = vm
         .transport()
         .connect(&params.to, PROXY_WAIT)
-        .map_err(|e| ColoError::Refused(format!("network link to {}: {e}", params.to)))?;
+        .map_err(ColoError::io(format!("network link to {}", params.to)))?;
     protocol::write_message(
         &mut link,
         &Message::Hello {
@@ -408,7 +408,7 @@ fn start_proxy(
         },
         ..CompareConfig::default()
     };
-    let compare = Compare::new(cfg).map_err(|e| ColoError::Refused(e.to_string()))?;
+    let compare = Compare::new(cfg)?;
     let mut nics: Vec<(Box<dyn NetBackend>, std::os::unix::net::UnixDatagram, usize)> = Vec::new();
     let slots = vm.virtio();
     for (n, slot) in slots.iter().enumerate() {
@@ -420,7 +420,7 @@ fn start_proxy(
                 for (old, _, k) in nics {
                     let _ = slots[k].swap_backend(old, PROXY_WAIT);
                 }
-                return Err(ColoError::Refused(e));
+                return Err(ColoError::NicSwap(e));
             }
             None => {}
         }
@@ -449,9 +449,7 @@ fn await_answer(conn: &Conn, fence: &Fence) -> Result<(), ColoError> {
     let end = Instant::now() + COMMIT_WAIT;
     while !conn.readable_within(GATE_LOOK).map_err(ColoError::Stream)? {
         if !fence.open() {
-            return Err(ColoError::Refused(
-                "no Committed before this side's output gate closed".into(),
-            ));
+            return Err(ColoError::GateClosed);
         }
         if Instant::now() >= end {
             return Err(ColoError::Stream(std::io::ErrorKind::TimedOut.into()));
@@ -494,7 +492,7 @@ fn checkpoint(
     let conn = to.conn;
     protocol::write_message(conn, &Message::Checkpoint { epoch })?;
     let Message::Dirty(spans) = protocol::expect(conn, Command::Dirty)? else {
-        return Err(ColoError::Refused("no Dirty".into()));
+        return Err(ColoError::Missing("Dirty"));
     };
     check_spans(&spans, to.layout)?;
     let t0 = Instant::now();

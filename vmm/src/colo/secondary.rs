@@ -114,15 +114,15 @@ fn serve(
     ram.clear_all()?;
     vm.resume()?;
     let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
-        return Err(ColoError::Refused("no Protect".into()));
+        return Err(ColoError::Missing("Protect"));
     };
     let Message::Disks(theirs) = protocol::expect(&mut conn, Command::Disks)? else {
-        return Err(ColoError::Refused("no Disks".into()));
+        return Err(ColoError::Missing("Disks"));
     };
     let ours = super::disks::sums(vm.manifest())?;
     if let Some(why) = super::disks::differ(&theirs, &ours, vm.manifest()) {
         let _ = protocol::write_message(&mut conn, &Message::Abandon(why.clone()));
-        return Err(ColoError::Refused(why));
+        return Err(ColoError::DisksDiffer(why));
     }
     protocol::write_message(&mut conn, &Message::Accept)?;
     let id = format!("secondary pid {}", std::process::id());
@@ -284,7 +284,7 @@ fn report(vm: &VmHandle, side: &Side, fo: &Failover, lease: &dyn Arbiter) {
 fn start_proxy(vm: &VmHandle, listener: &Listener, fence: Fence) -> Result<Proxy, ColoError> {
     let mut link = listener
         .accept_within(PROXY_WAIT)
-        .map_err(|e| ColoError::Refused(format!("no network link from the primary: {e}")))?;
+        .map_err(ColoError::io("no network link from the primary"))?;
     link.set_timeouts(PROXY_WAIT).map_err(ColoError::Stream)?;
     let hello = protocol::read_message(&mut link)?;
     protocol::check_hello(&hello)?;
@@ -293,7 +293,7 @@ fn start_proxy(vm: &VmHandle, listener: &Listener, fence: Fence) -> Result<Proxy
         let Some(tap) = slot.tap() else { continue };
         let (backend, other) = Datagram::pair(tap).map_err(ColoError::Stream)?;
         if let Some(r) = slot.swap_backend(Box::new(backend), PROXY_WAIT) {
-            r.map_err(ColoError::Refused)?;
+            r.map_err(ColoError::NicSwap)?;
             guests.push(other);
         }
     }
@@ -339,11 +339,12 @@ fn journal(replicas: &[Option<Arc<Replica>>], w: &DiskWrite) -> Result<(), ColoE
         .ok()
         .and_then(|i| replicas.get(i))
         .and_then(Option::as_ref)
-        .ok_or_else(|| {
-            ColoError::Refused(format!("a write to disk {}, not replicated here", w.disk))
-        })?;
+        .ok_or(ColoError::NotReplicated(w.disk))?;
     r.journal(w.offset, &w.data)
-        .map_err(|e| ColoError::Refused(format!("disk {}: {e}", w.disk)))
+        .map_err(|source| ColoError::Journal {
+            disk: u64::from(w.disk),
+            source,
+        })
 }
 
 /// Hands each NIC's tap to the proxy, which serves between them.
@@ -403,10 +404,10 @@ impl Receiver<'_> {
                 }
                 Message::Checkpoint { epoch } => self.checkpoint(conn, fo, epoch),
                 Message::DiskWrite(w) => journal(&self.replicas, &w),
-                other => Err(ColoError::Refused(format!(
-                    "unexpected {} from the primary",
-                    other.command().name()
-                ))),
+                other => Err(ColoError::Unexpected {
+                    got: other.command().name(),
+                    place: "from the primary",
+                }),
             };
             if let Err(e) = done {
                 return Ended::Lost(e.to_string());
@@ -466,8 +467,8 @@ impl Receiver<'_> {
             let main = incoming::read_checkpoint(conn, layout, 0, manifest, &mut journal);
             (main, pages.join())
         });
-        let (batches, n) = pages
-            .map_err(|_| ColoError::Refused("the page channels' thread panicked".into()))??;
+        let (batches, n) =
+            pages.map_err(|_| ColoError::Panicked("the page channels' thread"))??;
         let mut c = main?;
         c.batches.extend(batches);
         c.pages = c.pages.saturating_add(n);
@@ -490,8 +491,10 @@ impl Receiver<'_> {
         // Its guest is the primary's: so is its disk (its own writes go).
         for (i, r) in self.replicas.iter().enumerate() {
             if let Some(r) = r {
-                r.commit()
-                    .map_err(|e| ColoError::Refused(format!("disk {i}: {e}")))?;
+                r.commit().map_err(|source| ColoError::Journal {
+                    disk: i as u64,
+                    source,
+                })?;
             }
         }
         // The pages just written are the primary's, not this guest's.

@@ -19,7 +19,7 @@ use vm_memory::{Bytes, GuestAddress};
 use devices::GuestMemoryMmap;
 use migration::Manifest;
 
-use super::MigrateError;
+use super::{MigrateError, Refusal};
 use crate::boot::layout;
 use crate::streams::endpoint::{Conn, Endpoint, Listener};
 use crate::streams::transport::Transport;
@@ -119,11 +119,11 @@ fn receive(
     // The source released the disks' locks before it sent the state.
     if let Err(e) = vm.hold_disk_locks(true) {
         let _ = vm.hold_disk_locks(false);
-        return Err(refuse(&mut conn, e.to_string()));
+        return Err(refuse(&mut conn, e.into()));
     }
     if let Err(e) = vm.apply_state(&state) {
         let _ = vm.hold_disk_locks(false);
-        return Err(refuse(&mut conn, e.to_string()));
+        return Err(refuse(&mut conn, e.into()));
     }
     protocol::write_message(&mut conn, &Message::Ready)?;
     protocol::expect(&mut conn, Command::Go)?;
@@ -146,13 +146,13 @@ pub fn receive_guest<S: Read + Write>(
     mem: &GuestMemoryMmap,
 ) -> Result<(VmState, u64), MigrateError> {
     let hello = protocol::read_message(conn)
-        .map_err(|e| MigrateError::Refused(format!("not a tandem migration stream ({e})")))?;
+        .map_err(|e| MigrateError::Refused(Refusal::NotMigration(e)))?;
     protocol::check_hello(&hello)?;
     let Message::Config(theirs) = protocol::expect(conn, Command::Config)? else {
-        return Err(MigrateError::Refused("no Config".into()));
+        return Err(MigrateError::Refused(Refusal::NoConfig));
     };
     if let Err(e) = migration::check_compatible(&theirs, ours) {
-        return Err(refuse(conn, format!("{e}")));
+        return Err(refuse(conn, e.into()));
     }
     protocol::write_message(conn, &Message::Accept)?;
     let layout = layout::ram_ranges(ours.mem_bytes);
@@ -177,13 +177,13 @@ pub fn receive_guest<S: Read + Write>(
     let checked = crate::snapshot::load_image_for(Cursor::new(image), "the migration stream", ours);
     match checked {
         Ok(r) => Ok((r.state, pages)),
-        Err(e) => Err(refuse(conn, e.to_string())),
+        Err(e) => Err(refuse(conn, e.into())),
     }
 }
 
 /// Tells the source why, and returns the error for this side.
-fn refuse<S: Write>(conn: &mut S, why: String) -> MigrateError {
-    let _ = protocol::write_message(conn, &Message::Abandon(why.clone()));
+fn refuse<S: Write>(conn: &mut S, why: Refusal) -> MigrateError {
+    let _ = protocol::write_message(conn, &Message::Abandon(why.to_string()));
     MigrateError::Refused(why)
 }
 

@@ -49,6 +49,23 @@ impl std::ops::Deref for VmLink {
     }
 }
 
+/// Why the destination refuses a guest (also sent to the source, as its
+/// `Abandon` message).
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("not a tandem migration stream ({0})")]
+    NotMigration(#[source] ProtocolError),
+    #[error("no Config")]
+    NoConfig,
+    #[error(transparent)]
+    Incompatible(#[from] migration::manifest::CompatError),
+    #[error(transparent)]
+    State(#[from] crate::snapshot::SnapshotError),
+    /// Its disks' locks or its state could not be taken here.
+    #[error(transparent)]
+    Vm(#[from] crate::vm::VmOpError),
+}
+
 /// Why a migration failed (on either side).
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
@@ -73,7 +90,7 @@ pub enum MigrateError {
     #[error("encoding the VM's state: {0}")]
     Encode(#[from] crate::snapshot::SaveError),
     #[error("the destination refuses this guest: {0}")]
-    Refused(String),
+    Refused(#[source] Refusal),
     #[error("cancelled")]
     Cancelled,
     #[error("not done after {0} s (--timeout-s)")]
