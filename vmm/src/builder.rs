@@ -125,33 +125,9 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
     let announce = dm.announcement();
     let (devices, subscribers) = dm.finish();
-    // A restored or incoming VM maps the image its state was saved with
-    // (the manifests' check compares them).
-    let firmware = match &cfg.firmware {
-        Some(path) => Some(Arc::new(boot::firmware::load(&fd, path)?)),
-        None => None,
-    };
-    manifest.firmware = firmware.as_ref().map(|f| f.id().clone());
-    // A firmware boot given a kernel offers it through fw_cfg, as QEMU's
-    // -kernel does for its firmware.
-    if matches!(start, Start::Boot) && firmware.is_some() && !cfg.kernel.as_os_str().is_empty() {
-        let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
-        log::info!(
-            "kernel for the firmware to load: {}; command line: {cmdline}",
-            cfg.kernel.display()
-        );
-        let blobs = boot::fw_kernel::blobs(&cfg.kernel, cfg.initrd.as_deref(), &cmdline)?;
-        devices::bus::lock(&devices.fw_cfg).set_kernel(blobs);
-    }
-    // A firmware boot leaves the boot vCPU at the reset vector.
-    let entry = match start {
-        Start::Boot if firmware.is_none() => Some(load_kernel(cfg, host, &announce, ram.mem())?),
-        _ => None,
-    };
-    let boot = BootVcpu {
-        entry,
-        rom: firmware.clone(),
-    };
+    let boot = boot_vcpu(cfg, &start, host, &fd, &announce, &ram, &devices)?;
+    manifest.firmware = boot.rom.as_ref().map(|f| f.id().clone());
+    let firmware = boot.rom.clone();
     let (vcpus, profiler, exits) = spawn_vcpus(&kvm, &fd, cfg, host, boot, &devices, &exit)?;
     let device_thread = DeviceThread::spawn(subscribers)?;
     device_thread.pause().map_err(VmError::DevicePause)?;
@@ -192,6 +168,46 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         Start::Boot => {}
     }
     Ok(vm)
+}
+
+/// The firmware image mapped (a restored or incoming VM maps the one its
+/// state was saved with) and, on a boot, the kernel loaded or offered to
+/// the firmware: where the boot vCPU starts.
+fn boot_vcpu(
+    cfg: &VmConfig,
+    start: &Start,
+    host: HostKind,
+    fd: &Arc<VmFd>,
+    announce: &str,
+    ram: &GuestRam,
+    devices: &Devices,
+) -> Result<BootVcpu, VmError> {
+    // A restored or incoming VM maps the image its state was saved with
+    // (the manifests' check compares them).
+    let firmware = match &cfg.firmware {
+        Some(path) => Some(Arc::new(boot::firmware::load(fd, path)?)),
+        None => None,
+    };
+    // A firmware boot given a kernel offers it through fw_cfg, as QEMU's
+    // -kernel does for its firmware.
+    if matches!(start, Start::Boot) && firmware.is_some() && !cfg.kernel.as_os_str().is_empty() {
+        let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
+        log::info!(
+            "kernel for the firmware to load: {}; command line: {cmdline}",
+            cfg.kernel.display()
+        );
+        let blobs = boot::fw_kernel::blobs(&cfg.kernel, cfg.initrd.as_deref(), &cmdline)?;
+        devices::bus::lock(&devices.fw_cfg).set_kernel(blobs);
+    }
+    // A firmware boot leaves the boot vCPU at the reset vector.
+    let entry = match start {
+        Start::Boot if firmware.is_none() => Some(load_kernel(cfg, host, announce, ram.mem())?),
+        _ => None,
+    };
+    Ok(BootVcpu {
+        entry,
+        rom: firmware,
+    })
 }
 
 /// The KVM VM with its TSS, in-kernel irqchip and PIT.

@@ -94,13 +94,13 @@ enum Ended {
     Stopped,
 }
 
-fn serve(
+/// The pair's start on this side: the dirty log on and the guest running
+/// (as the sync left it), then the primary's `Protect` and disk sums
+/// checked against this side's; returns the pair's timing.
+fn accept_pair(
     vm: &VmLink,
-    mut conn: Conn,
-    listener: &Listener,
-    side: &Arc<Side>,
-    arbiter: &ArbiterSpec,
-) -> Result<(), ColoError> {
+    conn: &mut Conn,
+) -> Result<migration::protocol::colo::Timing, ColoError> {
     // The guest is still paused as the sync left it: from here on every
     // page it writes is seen, and owed to the primary at the next
     // checkpoint. (Had it run before, a page it wrote and the primary did
@@ -113,18 +113,30 @@ fn serve(
     ram.dirty_pages()?;
     ram.clear_all()?;
     vm.resume()?;
-    let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
+    let Message::Protect(t) = protocol::expect(conn, Command::Protect)? else {
         return Err(ColoError::Missing("Protect"));
     };
-    let Message::Disks(theirs) = protocol::expect(&mut conn, Command::Disks)? else {
+    let Message::Disks(theirs) = protocol::expect(conn, Command::Disks)? else {
         return Err(ColoError::Missing("Disks"));
     };
     let ours = super::disks::sums(vm.manifest())?;
     if let Some(why) = super::disks::differ(&theirs, &ours, vm.manifest()) {
-        let _ = protocol::write_message(&mut conn, &Message::Abandon(why.clone()));
+        let _ = protocol::write_message(conn, &Message::Abandon(why.clone()));
         return Err(ColoError::DisksDiffer(why));
     }
-    protocol::write_message(&mut conn, &Message::Accept)?;
+    protocol::write_message(conn, &Message::Accept)?;
+    Ok(t)
+}
+
+fn serve(
+    vm: &VmLink,
+    mut conn: Conn,
+    listener: &Listener,
+    side: &Arc<Side>,
+    arbiter: &ArbiterSpec,
+) -> Result<(), ColoError> {
+    let t = accept_pair(vm, &mut conn)?;
+    let ram = vm.ram();
     let id = format!("secondary pid {}", std::process::id());
     let mut lease = arbiter.open(&id)?;
     let fence = Fence::new(lease.gate());
