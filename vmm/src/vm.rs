@@ -9,6 +9,11 @@
 //! [`VmHandle::apply_state`] on a paused VM, guest memory and its dirty
 //! log, throttling, metrics, snapshots. A handle never blocks a vCPU: it
 //! sends each vCPU an event and waits for the answers with a deadline.
+//!
+//! Never does: name the layers above the core (streams, migration, COLO,
+//! the API, the CLI, the builder, the VMM thread's loop); what a running
+//! migration or pair needs (its streams, its COLO side, its errors) lives
+//! with the code that runs it.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

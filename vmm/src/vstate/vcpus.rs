@@ -9,8 +9,8 @@
 //! (owned here, ended by [`Vcpus::finish`]) kicks every vCPU every
 //! [`KICK_PERIOD`], so each runs at most its slice plus one period.
 //!
-//! Used from the VMM thread (the control API; later the migration and COLO
-//! threads, through the same lock). Never blocks a vCPU: a vCPU only ever
+//! Used from the VMM thread (the control API) and from the migration and
+//! COLO threads, through the same lock. Never blocks a vCPU: a vCPU only ever
 //! waits on its own channel; a vCPU that does not answer in time is an
 //! error here, never a hang.
 
