@@ -434,7 +434,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
 fn pair_to(to: &str, pair: crate::colo::PairParams) -> Result<crate::colo::Params, ControlError> {
     let to = to
         .parse::<crate::streams::Endpoint>()
-        .map_err(|e| ControlError::colo(Refused::Invalid(e)))?;
+        .map_err(ControlError::colo)?;
     Ok(crate::colo::Params { to, pair })
 }
 

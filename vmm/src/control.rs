@@ -176,9 +176,7 @@ impl Control for VmControl {
         params
             .check()
             .map_err(|e| ControlError::migration(Refused::Invalid(e)))?;
-        let to: Endpoint = to
-            .parse()
-            .map_err(|e| ControlError::migration(Refused::Invalid(e)))?;
+        let to: Endpoint = to.parse().map_err(ControlError::migration)?;
         self.vm
             .transport()
             .check(&to)

@@ -217,7 +217,9 @@ struct PairArgs {
 impl PairArgs {
     fn params(&self, to: &str) -> Result<vmm::colo::Params, String> {
         Ok(vmm::colo::Params {
-            to: to.parse()?,
+            to: to
+                .parse()
+                .map_err(|e: vmm::streams::endpoint::BadEndpoint| e.to_string())?,
             pair: self.pair(),
         })
     }

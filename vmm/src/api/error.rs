@@ -37,12 +37,13 @@ impl ControlError {
 /// Why a migration or COLO request is refused.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
-    /// A parameter out of its range or an address that does not parse (the
-    /// check's own message).
+    /// A parameter out of its range (the check's own message).
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
     Plain(#[from] crate::streams::transport::PlainOffHost),
+    #[error(transparent)]
+    Address(#[from] crate::streams::endpoint::BadEndpoint),
     #[error("cannot start {0}: {1}")]
     Thread(&'static str, #[source] std::io::Error),
     #[error("the dirty log is on (dirty-log stop first)")]
