@@ -1,6 +1,6 @@
 //! One COLO pair with this VM as its primary ([`protect`]), run on the
-//! primary's thread ("colo", `super::primary`) and again by a survivor
-//! that is protected anew (`super::survivor`): syncs the secondary (a
+//! primary's thread ("colo", the `primary` module) and again by a survivor
+//! that is protected anew (the `survivor` module): syncs the secondary (a
 //! migration that keeps the guest here), then heartbeats and checkpoints
 //! until the pair ends.
 //!
