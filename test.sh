@@ -14,6 +14,8 @@ fi
 TANDEM_TEST_BASE=$(mktemp -d "${TMPDIR:-/tmp}/tandem-base.XXXXXX")
 export TANDEM_TEST_BASE
 trap 'rm -rf "$TANDEM_TEST_BASE"' EXIT
+# House rules first (seconds): no function over 80 lines outside tests.
+python3 tools/fn_lengths.py
 # Two test threads: one guest per core.
 cargo test --release --workspace -- --test-threads=2 "$@"
 # The whole suite (no test names given) ends with every fuzz target for 12 s

@@ -11,8 +11,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vmm::emulation::{decide, Completion};
-use vmm::x87::{execute, X87};
+use vmm::host_emu::emulation::{decide, Completion};
+use vmm::host_emu::x87::{execute, X87};
 
 fuzz_target!(|data: &[u8]| {
     let mut d = [0u8; 119];

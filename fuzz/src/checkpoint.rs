@@ -29,10 +29,10 @@ pub fn receive(bytes: &[u8]) -> Result<u64, String> {
     let mut disk = SecondaryDisk::new(vec![0u8; DISK], DISK as u64);
     let mut journal = |w: &protocol::colo::DiskWrite| {
         if w.disk != 0 {
-            return Err(vmm::colo::ColoError::Refused("no such disk".into()));
+            return Err(vmm::colo::ColoError::NotReplicated(w.disk));
         }
         disk.journal_primary_write(w.offset, &w.data)
-            .map_err(|e| vmm::colo::ColoError::Refused(e.to_string()))
+            .map_err(|source| vmm::colo::ColoError::Journal { disk: 0, source })
     };
     let c = read_checkpoint(
         &mut &bytes[..],

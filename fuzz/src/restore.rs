@@ -31,7 +31,7 @@ use migration::{
 };
 use vm_memory::{Bytes, GuestAddress};
 use vmm::boot::layout::ram_ranges;
-use vmm::vm_state::VmState;
+use vmm::vstate::vm_state::VmState;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::fixtures;

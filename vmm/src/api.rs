@@ -55,6 +55,9 @@ use serde_json::{json, Value};
 
 use crate::vm::VmOpError;
 
+mod error;
+pub use error::{ControlError, Refused};
+
 /// The longest request line taken.
 pub const MAX_REQUEST: usize = 64 << 10;
 /// The longest answer line `tandem ctl` reads.
@@ -157,26 +160,14 @@ pub enum Request {
     ColoStart {
         #[serde(deserialize_with = "field::endpoint")]
         to: String,
-        #[serde(default = "field::default_period")]
-        checkpoint_period_ms: u64,
-        #[serde(default = "field::default_heartbeat")]
-        heartbeat_ms: u32,
-        #[serde(default = "field::default_heartbeat_timeout")]
-        heartbeat_timeout_ms: u32,
         #[serde(default)]
         lease: Option<PathBuf>,
         #[serde(default)]
         arbiter: Option<String>,
         #[serde(default)]
         lease_ttl_s: Option<u32>,
-        #[serde(default = "field::default_compare_timeout")]
-        compare_timeout_ms: u64,
-        #[serde(default = "field::default_max_queue")]
-        max_queue: usize,
-        #[serde(default)]
-        queue_full: crate::colo::QueueFullPolicy,
-        #[serde(default = "field::default_channels")]
-        channels: u16,
+        #[serde(flatten)]
+        pair: crate::colo::PairParams,
     },
     /// Makes this VM, serving alone after its pair ended (primary_alone or
     /// failed_over), the primary of a new pair with the secondary waiting
@@ -184,20 +175,8 @@ pub enum Request {
     ColoReprotect {
         #[serde(deserialize_with = "field::endpoint")]
         to: String,
-        #[serde(default = "field::default_period")]
-        checkpoint_period_ms: u64,
-        #[serde(default = "field::default_heartbeat")]
-        heartbeat_ms: u32,
-        #[serde(default = "field::default_heartbeat_timeout")]
-        heartbeat_timeout_ms: u32,
-        #[serde(default = "field::default_compare_timeout")]
-        compare_timeout_ms: u64,
-        #[serde(default = "field::default_max_queue")]
-        max_queue: usize,
-        #[serde(default)]
-        queue_full: crate::colo::QueueFullPolicy,
-        #[serde(default = "field::default_channels")]
-        channels: u16,
+        #[serde(flatten)]
+        pair: crate::colo::PairParams,
     },
     ColoStatus {},
     ColoFailover {},
@@ -246,7 +225,7 @@ mod field {
     /// A migration address (`tcp:HOST:PORT` or `unix:PATH`).
     pub fn endpoint<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         let s: String = named("to", d)?;
-        s.parse::<crate::migrate::Endpoint>()
+        s.parse::<crate::streams::Endpoint>()
             .map_err(|e| invalid::<D>("to", e))?;
         Ok(s)
     }
@@ -257,30 +236,6 @@ mod field {
 
     pub fn default_timeout() -> u64 {
         crate::migrate::status::DEFAULT_TIMEOUT_S
-    }
-
-    pub fn default_period() -> u64 {
-        crate::colo::DEFAULT_PERIOD_MS
-    }
-
-    pub fn default_heartbeat() -> u32 {
-        crate::colo::DEFAULT_HEARTBEAT_MS
-    }
-
-    pub fn default_heartbeat_timeout() -> u32 {
-        crate::colo::DEFAULT_HEARTBEAT_TIMEOUT_MS
-    }
-
-    pub fn default_compare_timeout() -> u64 {
-        crate::colo::DEFAULT_COMPARE_TIMEOUT_MS
-    }
-
-    pub fn default_max_queue() -> usize {
-        crate::colo::DEFAULT_MAX_QUEUE
-    }
-
-    pub fn default_channels() -> u16 {
-        1
     }
 
     pub fn default_true() -> bool {
@@ -297,9 +252,9 @@ mod field {
         crate::profile::check_hz(hz).map_err(|e| invalid::<D>("hz", e))
     }
 
-    /// 0 to [`crate::vcpu::MAX_THROTTLE`].
+    /// 0 to [`crate::vstate::vcpu::MAX_THROTTLE`].
     pub fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<u8, D::Error> {
-        let max = crate::vcpu::MAX_THROTTLE;
+        let max = crate::vstate::vcpu::MAX_THROTTLE;
         let n: u64 = named("percent", d)?;
         u8::try_from(n)
             .ok()
@@ -318,60 +273,64 @@ pub trait Control {
     /// State and facts about the VM (merged into the answer).
     fn status(&mut self) -> Value;
     /// Stops vCPUs and devices; returns how long it took, in ms.
-    fn pause(&mut self) -> Result<f64, VmOpError>;
-    fn resume(&mut self) -> Result<(), VmOpError>;
+    fn pause(&mut self) -> Result<f64, ControlError>;
+    fn resume(&mut self) -> Result<(), ControlError>;
     fn metrics(&mut self) -> Value;
     /// Asks the VM to end; the answer is sent before it does.
     fn shutdown(&mut self);
-    fn snapshot(&mut self, path: &Path) -> Result<Value, VmOpError>;
+    fn snapshot(&mut self, path: &Path) -> Result<Value, ControlError>;
     /// Takes the VM back to snapshot `path` of itself.
-    fn revert(&mut self, _path: &Path) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("revert"))
+    fn revert(&mut self, _path: &Path) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("revert").into())
     }
     /// Starts the guest profiler at `hz` samples per second.
-    fn profile_start(&mut self, _hz: u32) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("profiling"))
+    fn profile_start(&mut self, _hz: u32) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("profiling").into())
     }
     /// Stops the guest profiler and writes its folded stacks to `path`.
-    fn profile_stop(&mut self, _path: &Path) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("profiling"))
+    fn profile_stop(&mut self, _path: &Path) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("profiling").into())
     }
     /// Makes every vCPU sleep `percent` of each throttle window.
-    fn throttle(&mut self, _percent: u8) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("throttling"))
+    fn throttle(&mut self, _percent: u8) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("throttling").into())
     }
     /// Starts, reads or stops the dirty log of guest memory.
-    fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("the dirty log"))
+    fn dirty_log(&mut self, _action: DirtyLogAction) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("the dirty log").into())
     }
     /// Starts a live migration to `to`.
-    fn migrate(&mut self, _to: &str, _params: crate::migrate::Params) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("migration"))
+    fn migrate(
+        &mut self,
+        _to: &str,
+        _params: crate::migrate::Params,
+    ) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("migration").into())
     }
     /// The migration's progress (or its report, once it ended).
-    fn migrate_status(&mut self) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("migration"))
+    fn migrate_status(&mut self) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("migration").into())
     }
     /// Cancels the migration under way; the guest runs on here.
-    fn migrate_cancel(&mut self) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("migration"))
+    fn migrate_cancel(&mut self) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("migration").into())
     }
     /// Starts a COLO pair with this VM as its primary.
     fn colo_start(
         &mut self,
         _params: crate::colo::Params,
         _arbiter: crate::colo::arbiter::ArbiterSpec,
-    ) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("COLO"))
+    ) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("COLO").into())
     }
     /// Protects this VM, which serves alone, with a new secondary.
-    fn colo_reprotect(&mut self, _params: crate::colo::Params) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("COLO"))
+    fn colo_reprotect(&mut self, _params: crate::colo::Params) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("COLO").into())
     }
     /// This VM's side of its COLO pair; `failover` and `checkpoint` ask
     /// the side for one first.
-    fn colo(&mut self, _ask: ColoAsk) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("COLO"))
+    fn colo(&mut self, _ask: ColoAsk) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("COLO").into())
     }
 }
 
@@ -402,7 +361,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         Ok(r) => r,
         Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
     };
-    let answer = |r: Result<Value, VmOpError>| match r {
+    let answer = |r: Result<Value, ControlError>| match r {
         Ok(mut v) => {
             if let Some(o) = v.as_object_mut() {
                 o.insert("ok".into(), Value::Bool(true));
@@ -450,67 +409,49 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         Request::MigrateCancel {} => answer(ctl.migrate_cancel()),
         Request::ColoStart {
             to,
-            checkpoint_period_ms,
-            heartbeat_ms,
-            heartbeat_timeout_ms,
             lease,
             arbiter,
             lease_ttl_s,
-            compare_timeout_ms,
-            max_queue,
-            queue_full,
-            channels,
-        } => match to.parse::<crate::migrate::Endpoint>() {
-            Ok(to) => {
-                let arbiter = match crate::colo::arbiter::ArbiterSpec::from_options(
-                    arbiter.as_deref(),
-                    lease,
-                    lease_ttl_s,
-                    &to,
-                ) {
-                    Ok(a) => a,
-                    Err(e) => return answer(Err(VmOpError::Colo(e))),
-                };
-                let params = crate::colo::Params {
-                    to,
-                    checkpoint_period_ms,
-                    heartbeat_ms,
-                    heartbeat_timeout_ms,
-                    compare_timeout_ms,
-                    max_queue,
-                    queue_full,
-                    channels,
-                };
-                answer(ctl.colo_start(params, arbiter))
-            }
-            Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),
-        },
-        Request::ColoReprotect {
-            to,
-            checkpoint_period_ms,
-            heartbeat_ms,
-            heartbeat_timeout_ms,
-            compare_timeout_ms,
-            max_queue,
-            queue_full,
-            channels,
-        } => match to.parse::<crate::migrate::Endpoint>() {
-            Ok(to) => answer(ctl.colo_reprotect(crate::colo::Params {
-                to,
-                checkpoint_period_ms,
-                heartbeat_ms,
-                heartbeat_timeout_ms,
-                compare_timeout_ms,
-                max_queue,
-                queue_full,
-                channels,
-            })),
-            Err(e) => answer(Err(VmOpError::Colo(e.to_string()))),
-        },
+            pair,
+        } => answer(colo_start(
+            ctl,
+            &to,
+            pair,
+            arbiter.as_deref(),
+            lease,
+            lease_ttl_s,
+        )),
+        Request::ColoReprotect { to, pair } => {
+            answer(pair_to(&to, pair).and_then(|params| ctl.colo_reprotect(params)))
+        }
         Request::ColoStatus {} => answer(ctl.colo(ColoAsk::Status)),
         Request::ColoFailover {} => answer(ctl.colo(ColoAsk::Failover)),
         Request::ColoCheckpoint {} => answer(ctl.colo(ColoAsk::Checkpoint)),
     }
+}
+
+/// The pair of `pair` with the secondary at `to`.
+fn pair_to(to: &str, pair: crate::colo::PairParams) -> Result<crate::colo::Params, ControlError> {
+    let to = to
+        .parse::<crate::streams::Endpoint>()
+        .map_err(ControlError::colo)?;
+    Ok(crate::colo::Params { to, pair })
+}
+
+/// `colo_start`: the pair and its arbiter, then the verb.
+fn colo_start(
+    ctl: &mut dyn Control,
+    to: &str,
+    pair: crate::colo::PairParams,
+    arbiter: Option<&str>,
+    lease: Option<PathBuf>,
+    lease_ttl_s: Option<u32>,
+) -> Result<Value, ControlError> {
+    let params = pair_to(to, pair)?;
+    let arbiter =
+        crate::colo::arbiter::ArbiterSpec::from_options(arbiter, lease, lease_ttl_s, &params.to)
+            .map_err(|e| ControlError::colo(Refused::Invalid(e)))?;
+    ctl.colo_start(params, arbiter)
 }
 
 struct Client {

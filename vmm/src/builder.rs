@@ -21,22 +21,22 @@ use kvm_ioctls::{Kvm, VmFd};
 use crate::api::ApiServer;
 use crate::boot::{self, cpu, layout};
 use crate::config::{Machine, VmConfig};
-use crate::cpuid;
 use crate::device_manager::{self, DeviceManager, Devices};
 use crate::device_thread::DeviceThread;
-use crate::exit::ExitSignal;
-use crate::exit_counts::ExitCounts;
-use crate::host::HostKind;
+use crate::host_emu::cpuid;
+use crate::host_emu::HostKind;
 use crate::kvm_util::kvm_op;
-use crate::memory::GuestRam;
 use crate::pause::{self, ThreadKick};
 use crate::profile::Profiler;
 use crate::snapshot::Restore;
-use crate::vcpu::Vcpu;
-use crate::vcpu_state;
-use crate::vcpus::Vcpus;
 use crate::vm::{Core, CoreParts, VmHandle};
 use crate::vm_loop::{Vm, VmError};
+use crate::vstate::exit::ExitSignal;
+use crate::vstate::exit_counts::ExitCounts;
+use crate::vstate::memory::GuestRam;
+use crate::vstate::vcpu::Vcpu;
+use crate::vstate::vcpu_state;
+use crate::vstate::vcpus::Vcpus;
 
 /// Opens /dev/kvm with a message that says what to do.
 pub fn open_kvm() -> Result<Kvm, VmError> {
@@ -87,7 +87,7 @@ impl Start {
 }
 
 /// Boots the VM of `cfg` and runs it until it ends.
-pub fn run(cfg: &VmConfig) -> Result<crate::exit::VmExit, VmError> {
+pub fn run(cfg: &VmConfig) -> Result<crate::vstate::exit::VmExit, VmError> {
     build(cfg, Start::Boot)?.run()
 }
 
@@ -95,6 +95,8 @@ pub fn run(cfg: &VmConfig) -> Result<crate::exit::VmExit, VmError> {
 /// `cfg.kernel`, `initrd` and `cmdline` are not used, and the devices must
 /// be the snapshot's (checked by [`snapshot::load`]).
 pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
+    // A bad TLS file is refused now, not at the first migration.
+    let transport = crate::streams::Transport::from_config(&cfg.streams).map_err(VmError::Tls)?;
     let host = HostKind::detect();
     let kvm = open_kvm()?;
     let msr_indices = Arc::new(vcpu_state::msr_index_list(&kvm).map_err(VmError::SaveSetup)?);
@@ -117,36 +119,15 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
     let mut dm = DeviceManager::new(fd.clone(), ram.mem().clone(), cfg.machine, cfg.cpus, &exit)?;
     dm.defer_disk_locks = start.waits();
     dm.secondary = matches!(start, Start::Secondary);
+    if dm.secondary {
+        dm.wrap_disk = Some(crate::colo::replica::wrap);
+    }
     dm.add_all(&cfg.nets, &cfg.disks, virtio_configs)?;
     let announce = dm.announcement();
     let (devices, subscribers) = dm.finish();
-    // A restored or incoming VM maps the image its state was saved with
-    // (the manifests' check compares them).
-    let firmware = match &cfg.firmware {
-        Some(path) => Some(Arc::new(boot::firmware::load(&fd, path)?)),
-        None => None,
-    };
-    manifest.firmware = firmware.as_ref().map(|f| f.id().clone());
-    // A firmware boot given a kernel offers it through fw_cfg, as QEMU's
-    // -kernel does for its firmware.
-    if matches!(start, Start::Boot) && firmware.is_some() && !cfg.kernel.as_os_str().is_empty() {
-        let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
-        log::info!(
-            "kernel for the firmware to load: {}; command line: {cmdline}",
-            cfg.kernel.display()
-        );
-        let blobs = boot::fw_kernel::blobs(&cfg.kernel, cfg.initrd.as_deref(), &cmdline)?;
-        devices::sync::lock(&devices.fw_cfg).set_kernel(blobs);
-    }
-    // A firmware boot leaves the boot vCPU at the reset vector.
-    let entry = match start {
-        Start::Boot if firmware.is_none() => Some(load_kernel(cfg, host, &announce, ram.mem())?),
-        _ => None,
-    };
-    let boot = BootVcpu {
-        entry,
-        rom: firmware.clone(),
-    };
+    let boot = boot_vcpu(cfg, &start, host, &fd, &announce, &ram, &devices)?;
+    manifest.firmware = boot.rom.as_ref().map(|f| f.id().clone());
+    let firmware = boot.rom.clone();
     let (vcpus, profiler, exits) = spawn_vcpus(&kvm, &fd, cfg, host, boot, &devices, &exit)?;
     let device_thread = DeviceThread::spawn(subscribers)?;
     device_thread.pause().map_err(VmError::DevicePause)?;
@@ -166,7 +147,6 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         profiler,
         msr_indices,
         manifest,
-        transport: cfg.transport.clone(),
         firmware,
     })));
     let vm = Vm {
@@ -175,6 +155,8 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         metrics: cfg.metrics.clone(),
         profile: cfg.profile.clone(),
         start_paused: start.waits(),
+        transport: Arc::new(transport),
+        colo: crate::colo::Slot::default(),
     };
     match start {
         Start::Restore(r) => restore(&vm.handle, *r)?,
@@ -186,6 +168,46 @@ pub fn build(cfg: &VmConfig, start: Start) -> Result<Vm, VmError> {
         Start::Boot => {}
     }
     Ok(vm)
+}
+
+/// The firmware image mapped (a restored or incoming VM maps the one its
+/// state was saved with) and, on a boot, the kernel loaded or offered to
+/// the firmware: where the boot vCPU starts.
+fn boot_vcpu(
+    cfg: &VmConfig,
+    start: &Start,
+    host: HostKind,
+    fd: &Arc<VmFd>,
+    announce: &str,
+    ram: &GuestRam,
+    devices: &Devices,
+) -> Result<BootVcpu, VmError> {
+    // A restored or incoming VM maps the image its state was saved with
+    // (the manifests' check compares them).
+    let firmware = match &cfg.firmware {
+        Some(path) => Some(Arc::new(boot::firmware::load(fd, path)?)),
+        None => None,
+    };
+    // A firmware boot given a kernel offers it through fw_cfg, as QEMU's
+    // -kernel does for its firmware.
+    if matches!(start, Start::Boot) && firmware.is_some() && !cfg.kernel.as_os_str().is_empty() {
+        let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
+        log::info!(
+            "kernel for the firmware to load: {}; command line: {cmdline}",
+            cfg.kernel.display()
+        );
+        let blobs = boot::fw_kernel::blobs(&cfg.kernel, cfg.initrd.as_deref(), &cmdline)?;
+        devices::sync::lock(&devices.fw_cfg).set_kernel(blobs);
+    }
+    // A firmware boot leaves the boot vCPU at the reset vector.
+    let entry = match start {
+        Start::Boot if firmware.is_none() => Some(load_kernel(cfg, host, announce, ram.mem())?),
+        _ => None,
+    };
+    Ok(BootVcpu {
+        entry,
+        rom: firmware,
+    })
 }
 
 /// The KVM VM with its TSS, in-kernel irqchip and PIT.
@@ -250,6 +272,8 @@ fn spawn_vcpus(
     let profiler = Arc::new(Profiler::new(kicks.clone()));
     let exits = Arc::new(ExitCounts::default());
     pause::install_kick_handler().map_err(VmError::Kick)?;
+    // The emulator's gate checks the host itself, not TANDEM_HOST_KIND.
+    let emulator_host = HostKind::probe();
     let mut handles = Vec::with_capacity(usize::from(cfg.cpus));
     for (id, kick) in (0..cfg.cpus).zip(kicks) {
         let fd = vm
@@ -269,6 +293,7 @@ fn spawn_vcpus(
             mmio: devices.mmio.clone(),
             mem: devices.mem.clone(),
             rom: boot.rom.clone(),
+            host: emulator_host,
             exit: exit.clone(),
             kick,
             profiler: profiler.clone(),

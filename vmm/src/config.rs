@@ -16,10 +16,10 @@ pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";
 /// (each console character is a few hundred emulated instructions and two
 /// exits; the kernel's log stays in `dmesg`, and warnings still reach the
 /// console).
-pub fn default_cmdline(host: crate::host::HostKind) -> String {
+pub fn default_cmdline(host: crate::host_emu::HostKind) -> String {
     match host {
-        crate::host::HostKind::Hardware => DEFAULT_CMDLINE.to_string(),
-        crate::host::HostKind::Emulated => format!("{DEFAULT_CMDLINE} quiet"),
+        crate::host_emu::HostKind::Hardware => DEFAULT_CMDLINE.to_string(),
+        crate::host_emu::HostKind::Emulated => format!("{DEFAULT_CMDLINE} quiet"),
     }
 }
 const MIN_MEM: u64 = 16 << 20;
@@ -459,8 +459,30 @@ pub struct VmConfig {
     pub api_sock: Option<PathBuf>,
     /// The guest profiler (`--guest-profile`, `--guest-symbols`).
     pub profile: ProfileConfig,
-    /// TLS or plain TCP for migration and COLO streams.
-    pub transport: crate::migrate::Transport,
+    /// TLS or plain TCP for migration and COLO streams (the files are
+    /// loaded when the VM is built, by the layer above the core).
+    pub streams: StreamsConfig,
+}
+
+/// How the migration and COLO streams cross the network, as data: the
+/// TLS files (`--tls-cert/--tls-key/--tls-ca`, all three or none) or plain
+/// TCP, off this host only with `--insecure`. `streams::Transport` loads
+/// it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamsConfig {
+    pub tls: Option<TlsFiles>,
+    pub insecure: bool,
+}
+
+/// The PEM files one side uses, in both roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This host's certificate chain (its own first).
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// The CA that signed the peer's certificate.
+    pub ca: PathBuf,
 }
 
 /// What the guest profiler is given on the command line.

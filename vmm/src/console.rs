@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use devices::serial::Serial;
 
-use crate::exit::{ExitSignal, VmExit};
+use crate::vstate::exit::{ExitSignal, VmExit};
 
 /// Input waiting for the guest beyond this makes the reader thread wait.
 const MAX_PENDING_INPUT: usize = 1 << 20;

@@ -11,16 +11,21 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::api::{ColoAsk, Control, DirtyLogAction};
-use crate::memory::{count_bits, GuestRam, PAGE_SIZE};
-use crate::migrate::{Ended, Endpoint, Migration, Params};
+use crate::api::{ColoAsk, Control, ControlError, DirtyLogAction, Refused};
+use crate::colo::Slot;
+use crate::migrate::{Ended, Migration, Params, VmLink};
 use crate::profile;
-use crate::vm::{VmHandle, VmOpError};
+use crate::streams::Endpoint;
+use crate::vm::VmOpError;
+use crate::vstate::memory::{count_bits, GuestRam, PAGE_SIZE};
 use std::sync::Arc;
 
 /// The VM as the control API sees it.
 pub struct VmControl {
-    vm: VmHandle,
+    vm: VmLink,
+    /// This VM's side of a COLO pair, if it is in one (shared with the VMM
+    /// thread's loop, which adds its report to the metrics).
+    colo: Slot,
     /// Names for the profiler's addresses (an ELF vmlinux or a System.map).
     symbols: Option<PathBuf>,
     /// When the dirty log was last started or read.
@@ -35,9 +40,10 @@ pub struct VmControl {
 
 impl VmControl {
     /// The verbs of `vm`.
-    pub fn new(vm: VmHandle, symbols: Option<PathBuf>, ended: Arc<Ended>) -> Self {
+    pub fn new(vm: VmLink, colo: Slot, symbols: Option<PathBuf>, ended: Arc<Ended>) -> Self {
         VmControl {
             vm,
+            colo,
             symbols,
             dirty_since: None,
             migration: None,
@@ -58,26 +64,28 @@ impl Control for VmControl {
         })
     }
 
-    fn pause(&mut self) -> Result<f64, VmOpError> {
+    fn pause(&mut self) -> Result<f64, ControlError> {
         self.not_migrating()?;
         let took = self.vm.pause()?;
         Ok(took.as_secs_f64() * 1000.0)
     }
 
-    fn resume(&mut self) -> Result<(), VmOpError> {
+    fn resume(&mut self) -> Result<(), ControlError> {
         self.not_migrating()?;
-        self.vm.resume()
+        Ok(self.vm.resume()?)
     }
 
     fn metrics(&mut self) -> Value {
-        self.vm.metrics()
+        let mut m = self.vm.metrics();
+        self.colo.add_report(&mut m);
+        m
     }
 
     fn shutdown(&mut self) {
         self.vm.shutdown();
     }
 
-    fn snapshot(&mut self, path: &Path) -> Result<Value, VmOpError> {
+    fn snapshot(&mut self, path: &Path) -> Result<Value, ControlError> {
         self.not_migrating()?;
         let done = self.vm.snapshot(path)?;
         log::info!(
@@ -103,7 +111,7 @@ impl Control for VmControl {
         }))
     }
 
-    fn revert(&mut self, path: &Path) -> Result<Value, VmOpError> {
+    fn revert(&mut self, path: &Path) -> Result<Value, ControlError> {
         self.not_migrating()?;
         let done = self.vm.revert(path)?;
         log::info!(
@@ -120,12 +128,12 @@ impl Control for VmControl {
         }))
     }
 
-    fn profile_start(&mut self, hz: u32) -> Result<Value, VmOpError> {
+    fn profile_start(&mut self, hz: u32) -> Result<Value, ControlError> {
         self.vm.profiler().start(hz)?;
         Ok(json!({"hz": hz, "symbols": self.symbols}))
     }
 
-    fn profile_stop(&mut self, path: &Path) -> Result<Value, VmOpError> {
+    fn profile_stop(&mut self, path: &Path) -> Result<Value, ControlError> {
         let prof = self.vm.profiler().stop()?;
         let summary = prof.write(path, self.symbols.as_deref())?;
         log::info!("{}", summary.text());
@@ -139,13 +147,13 @@ impl Control for VmControl {
         Ok(v)
     }
 
-    fn throttle(&mut self, percent: u8) -> Result<Value, VmOpError> {
+    fn throttle(&mut self, percent: u8) -> Result<Value, ControlError> {
         self.not_migrating()?;
         self.vm.throttle(percent)?;
         Ok(json!({"percent": percent}))
     }
 
-    fn dirty_log(&mut self, action: DirtyLogAction) -> Result<Value, VmOpError> {
+    fn dirty_log(&mut self, action: DirtyLogAction) -> Result<Value, ControlError> {
         self.not_migrating()?;
         let ram = self.vm.ram().clone();
         match action {
@@ -163,35 +171,35 @@ impl Control for VmControl {
         }
     }
 
-    fn migrate(&mut self, to: &str, params: Params) -> Result<Value, VmOpError> {
+    fn migrate(&mut self, to: &str, params: Params) -> Result<Value, ControlError> {
         self.not_migrating()?;
-        params.check().map_err(VmOpError::Migration)?;
-        let to: Endpoint = to.parse().map_err(VmOpError::Migration)?;
+        params
+            .check()
+            .map_err(|e| ControlError::migration(Refused::Invalid(e)))?;
+        let to: Endpoint = to.parse().map_err(ControlError::migration)?;
         self.vm
             .transport()
             .check(&to)
-            .map_err(VmOpError::Migration)?;
+            .map_err(ControlError::migration)?;
         if self.vm.ram().logging() {
-            return Err(VmOpError::Migration(
-                "the dirty log is on (dirty-log stop first)".into(),
-            ));
+            return Err(ControlError::migration(Refused::DirtyLogOn));
         }
         // The last one's thread has ended: dropping it joins at once.
         self.migration = None;
         let m = Migration::start(self.vm.clone(), to, params, self.ended.clone())
-            .map_err(|e| VmOpError::Migration(format!("cannot start the thread: {e}")))?;
+            .map_err(|e| ControlError::migration(Refused::Thread("the thread", e)))?;
         self.migration = Some(m);
         self.migration_json()
     }
 
-    fn migrate_status(&mut self) -> Result<Value, VmOpError> {
+    fn migrate_status(&mut self) -> Result<Value, ControlError> {
         self.migration_json()
     }
 
-    fn migrate_cancel(&mut self) -> Result<Value, VmOpError> {
+    fn migrate_cancel(&mut self) -> Result<Value, ControlError> {
         match &self.migration {
             Some(m) if m.active() => m.cancel(),
-            _ => return Err(VmOpError::Migration("none under way".into())),
+            _ => return Err(ControlError::migration(Refused::NoneUnderWay)),
         }
         self.migration_json()
     }
@@ -200,59 +208,60 @@ impl Control for VmControl {
         &mut self,
         params: crate::colo::Params,
         arbiter: crate::colo::arbiter::ArbiterSpec,
-    ) -> Result<Value, VmOpError> {
+    ) -> Result<Value, ControlError> {
         // Again only after a pair that did not start.
-        if let Some(side) = self.vm.colo() {
+        if let Some(side) = self.colo.get() {
             if side.report().state != replication::failover::State::Retired {
-                return Err(VmOpError::Colo("this VM is already in a pair".into()));
+                return Err(ControlError::colo(Refused::InPair));
             }
         }
         self.primary = None;
         self.not_migrating()?;
-        self.vm.pairable()?;
+        // Not yet a VM booted from --firmware (its snapshots and migrations
+        // record the image; the secondary would need it given too, untested).
+        if let Some(fw) = self.vm.firmware() {
+            return Err(ControlError::ColoFirmware(fw.to_path_buf()));
+        }
         check_pair(&params)?;
         self.vm
             .transport()
             .check(&params.to)
-            .map_err(VmOpError::Colo)?;
+            .map_err(ControlError::colo)?;
         let primary = crate::colo::primary::Primary::start(self.vm.clone(), params, arbiter)
-            .map_err(|e| VmOpError::Colo(format!("cannot start its thread: {e}")))?;
-        self.vm.set_colo(primary.side().clone());
+            .map_err(|e| ControlError::colo(Refused::Thread("its thread", e)))?;
+        self.colo.set(primary.side().clone());
         self.primary = Some(primary);
         self.colo(ColoAsk::Status)
     }
 
-    fn colo_reprotect(&mut self, params: crate::colo::Params) -> Result<Value, VmOpError> {
+    fn colo_reprotect(&mut self, params: crate::colo::Params) -> Result<Value, ControlError> {
         use replication::failover::State;
         let side = self
-            .vm
-            .colo()
-            .ok_or_else(|| VmOpError::Colo("this VM is in no pair (colo-start)".into()))?;
+            .colo
+            .get()
+            .ok_or_else(|| ControlError::colo(Refused::NoPair))?;
         let state = side.report().state;
         if !matches!(state, State::PrimaryAlone | State::FailedOver) {
-            return Err(VmOpError::Colo(format!(
-                "re-protect is for a side that serves alone (primary_alone or \
-                 failed_over); this one is {}",
-                serde_json::to_value(state).map_err(VmOpError::Encode)?
-            )));
+            let name = serde_json::to_value(state).map_err(VmOpError::Encode)?;
+            return Err(ControlError::colo(Refused::NotAlone(name)));
         }
         if self.migration.as_ref().is_some_and(|m| m.active()) {
-            return Err(VmOpError::Migrating);
+            return Err(VmOpError::Migrating.into());
         }
         check_pair(&params)?;
         self.vm
             .transport()
             .check(&params.to)
-            .map_err(VmOpError::Colo)?;
+            .map_err(ControlError::colo)?;
         side.request_reprotect(params);
         self.colo(ColoAsk::Status)
     }
 
-    fn colo(&mut self, ask: ColoAsk) -> Result<Value, VmOpError> {
+    fn colo(&mut self, ask: ColoAsk) -> Result<Value, ControlError> {
         let side = self
-            .vm
-            .colo()
-            .ok_or_else(|| VmOpError::Colo("this VM is in no pair (colo-start)".into()))?;
+            .colo
+            .get()
+            .ok_or_else(|| ControlError::colo(Refused::NoPair))?;
         match ask {
             ColoAsk::Status => {}
             ColoAsk::Failover => side.force_failover(),
@@ -264,24 +273,19 @@ impl Control for VmControl {
 }
 
 /// Checks a pair's timing and compare queue.
-fn check_pair(params: &crate::colo::Params) -> Result<(), VmOpError> {
+fn check_pair(params: &crate::colo::Params) -> Result<(), ControlError> {
     crate::colo::check_timing(
         params.checkpoint_period_ms,
         params.heartbeat_ms,
         params.heartbeat_timeout_ms,
     )
-    .map_err(VmOpError::Colo)?;
+    .map_err(|e| ControlError::colo(Refused::Invalid(e)))?;
     if !(1..=65536).contains(&params.max_queue) || params.compare_timeout_ms == 0 {
-        return Err(VmOpError::Colo(
-            "max_queue must be 1 to 65536 and compare_timeout_ms at least 1".into(),
-        ));
+        return Err(ControlError::colo(Refused::Queue));
     }
     let most = migration::protocol::colo::MAX_CHANNELS;
     if !(1..=most).contains(&params.channels) {
-        return Err(VmOpError::Colo(format!(
-            "{} page channels: 1 to {most}",
-            params.channels
-        )));
+        return Err(ControlError::colo(Refused::Channels(params.channels, most)));
     }
     Ok(())
 }
@@ -289,38 +293,36 @@ fn check_pair(params: &crate::colo::Params) -> Result<(), VmOpError> {
 impl VmControl {
     /// Refuses what would change the VM under a migration, or run,
     /// save or replace an incoming VM that holds no guest yet.
-    fn not_migrating(&self) -> Result<(), VmOpError> {
+    fn not_migrating(&self) -> Result<(), ControlError> {
         if self.vm.is_empty() {
-            return Err(VmOpError::Empty);
+            return Err(VmOpError::Empty.into());
         }
-        if let Some(side) = self.vm.colo() {
+        if let Some(side) = self.colo.get() {
             use replication::failover::State;
             if matches!(side.report().state, State::Syncing | State::Protected) {
-                return Err(VmOpError::Colo(
-                    "the VM is in a pair (colo-failover ends it)".into(),
-                ));
+                return Err(ControlError::colo(Refused::Paired));
             }
         }
         match &self.migration {
-            Some(m) if m.active() => Err(VmOpError::Migrating),
+            Some(m) if m.active() => Err(VmOpError::Migrating.into()),
             _ => Ok(()),
         }
     }
 
-    fn migration_json(&self) -> Result<Value, VmOpError> {
+    fn migration_json(&self) -> Result<Value, ControlError> {
         let m = self
             .migration
             .as_ref()
-            .ok_or_else(|| VmOpError::Migration("none started".into()))?;
+            .ok_or_else(|| ControlError::migration(Refused::NoneStarted))?;
         let status = serde_json::to_value(m.status()).map_err(VmOpError::Encode)?;
         Ok(json!({ "migration": status }))
     }
 
     /// `dirty_log read`: the pages written since the log started or was
     /// last read, by source, then reset.
-    fn dirty_read(&mut self, ram: &GuestRam) -> Result<Value, VmOpError> {
+    fn dirty_read(&mut self, ram: &GuestRam) -> Result<Value, ControlError> {
         if !ram.logging() {
-            return Err(VmOpError::DirtyLogOff);
+            return Err(VmOpError::DirtyLogOff.into());
         }
         let slots = ram.harvest()?;
         ram.clear_all()?;
@@ -351,17 +353,17 @@ impl Control for NoControl {
     fn status(&mut self) -> Value {
         json!({"state": "starting"})
     }
-    fn pause(&mut self) -> Result<f64, VmOpError> {
-        Err(VmOpError::Starting)
+    fn pause(&mut self) -> Result<f64, ControlError> {
+        Err(VmOpError::Starting.into())
     }
-    fn resume(&mut self) -> Result<(), VmOpError> {
-        Err(VmOpError::Starting)
+    fn resume(&mut self) -> Result<(), ControlError> {
+        Err(VmOpError::Starting.into())
     }
     fn metrics(&mut self) -> Value {
         json!({})
     }
     fn shutdown(&mut self) {}
-    fn snapshot(&mut self, _: &Path) -> Result<Value, VmOpError> {
-        Err(VmOpError::Starting)
+    fn snapshot(&mut self, _: &Path) -> Result<Value, ControlError> {
+        Err(VmOpError::Starting.into())
     }
 }

@@ -50,15 +50,15 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, Machine, NetSpec};
 use crate::console::ConsoleOut;
-use crate::exit::ExitSignal;
-use crate::exit_counts::ExitCounts;
 use crate::kvm_util::{kvm_op, KvmOp};
+use crate::vstate::exit::ExitSignal;
+use crate::vstate::exit_counts::ExitCounts;
 
 mod disks;
 mod msi;
 mod pci_machine;
 mod placement;
-pub use disks::ColoDisk;
+pub use disks::{DiskWrites, KeptDisk, WrapDisk};
 use msi::{DeviceRoutes, GsiRouting, NotifyEvents};
 use placement::pci_bar;
 pub use placement::{machine_of, manifest, virtio_configs, virtio_slot};
@@ -194,8 +194,8 @@ pub enum Report {
         counters: Arc<BlockMetrics>,
         /// For the lock's hand-over at a migration's switch-over.
         backend: Arc<dyn DiskBackend>,
-        /// What COLO holds of it.
-        colo: disks::ColoDisk,
+        /// What is kept of its writes (for COLO).
+        writes: disks::DiskWrites,
     },
 }
 
@@ -399,9 +399,11 @@ pub struct DeviceManager {
     /// Open disk images without their lock (a migration's destination:
     /// the lock is taken at the switch-over).
     pub defer_disk_locks: bool,
-    /// A COLO secondary's devices: NICs detached from their taps, disks
-    /// replicas (journal and overlay, until it takes over).
+    /// A COLO secondary's devices: NICs detached from their taps.
     pub secondary: bool,
+    /// Serves each writable disk through another backend (a COLO
+    /// secondary's replica: journal and overlay, until it takes over).
+    pub wrap_disk: Option<WrapDisk>,
 }
 
 /// The VM's devices once built: the buses the vCPU threads share, guest
@@ -494,6 +496,7 @@ impl DeviceManager {
             vm,
             defer_disk_locks: false,
             secondary: false,
+            wrap_disk: None,
         })
     }
 
@@ -541,10 +544,10 @@ impl DeviceManager {
                 self.add_virtio(c, 2, |w| net_parts(spec, i, w, detach))?;
             }
         }
-        let (defer, replica) = (self.defer_disk_locks, self.secondary);
+        let (defer, wrap) = (self.defer_disk_locks, self.wrap_disk);
         for spec in disks {
             if let Some(c) = configs.next() {
-                self.add_virtio(c, 1, |w| disks::disk_parts(spec, w, defer, replica))?;
+                self.add_virtio(c, 1, |w| disks::disk_parts(spec, w, defer, wrap))?;
             }
         }
         Ok(())
@@ -726,7 +729,7 @@ pub fn metrics_json(virtio: &[VirtioSlot], exits: &ExitCounts) -> serde_json::Va
     serde_json::json!({
         "net": net,
         "blk": blk,
-        "emulation": crate::emulation::counts(),
+        "emulation": crate::host_emu::emulation::counts(),
         "exits": exits.json(),
     })
 }

@@ -49,8 +49,8 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::boot::layout;
 use crate::config::{self, DiskSpec, Machine, NetSpec};
 use crate::device_manager::{self, manifest, FW_CFG_ID, PCI_ID, RTC_ID, SERIAL_ID};
-use crate::memory::GuestPages;
-use crate::vm_state::VmState;
+use crate::vstate::memory::GuestPages;
+use crate::vstate::vm_state::VmState;
 
 /// The UART's receive FIFO (vm-superio refuses a longer saved buffer).
 const UART_FIFO: usize = 64;

@@ -1,21 +1,27 @@
-//! The VM as a value: [`Vm`], made by [`crate::builder::build`], owns the
-//! KVM VM, guest memory, devices, the vCPU and device threads and the VMM
-//! thread's event loop; [`Vm::run`] runs it to its end on the calling
-//! thread (the VMM thread) and joins every thread it started.
+//! The VM core as other threads drive it: a [`VmHandle`] (cheap to
+//! clone) reaches everything of a VM but its event loop (the KVM VM, guest
+//! memory, devices, the vCPU and device threads), which the layer above
+//! assembles (`CoreParts`) and runs on the VMM thread.
 //!
-//! Other threads (the control API's adapter, later the migration and COLO
-//! threads) reach a running VM through a [`VmHandle`]: pause and resume
+//! The VMM thread, the control API's adapter, and the migration and COLO
+//! threads drive a running VM through it: pause and resume
 //! (vCPUs, devices and the guest clock), [`VmHandle::capture_state`] and
 //! [`VmHandle::apply_state`] on a paused VM, guest memory and its dirty
 //! log, throttling, metrics, snapshots. A handle never blocks a vCPU: it
 //! sends each vCPU an event and waits for the answers with a deadline.
+//!
+//! Never does: name the layers above the core (streams, migration, COLO,
+//! the API, the CLI, the builder, the VMM thread's loop); what a running
+//! migration or pair needs (its streams, its COLO side, its errors) lives
+//! with the code that runs it.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use devices::rtc::CMOS_BYTES;
+use devices::sync::lock;
 use devices::GuestMemoryMmap;
 use kvm_bindings::kvm_clock_data;
 use kvm_ioctls::VmFd;
@@ -23,16 +29,16 @@ use migration::Manifest;
 
 use crate::device_manager::{metrics_json, DeviceError, Devices, SerialPort, VirtioSlot};
 use crate::device_thread::DeviceThread;
-use crate::exit::{ExitSignal, VmExit};
-use crate::exit_counts::ExitCounts;
 use crate::kvm_util::{kvm_op, KvmOp};
-use crate::memory::{GuestRam, MemoryError};
 use crate::pause::PauseError;
 use crate::profile::{ProfileError, Profiler};
 use crate::snapshot::{self, SaveReport, SnapshotError};
-use crate::vcpu::VcpuError;
-use crate::vcpus::Vcpus;
-use crate::vm_state::{self, VmState};
+use crate::vstate::exit::{ExitSignal, VmExit};
+use crate::vstate::exit_counts::ExitCounts;
+use crate::vstate::memory::{GuestRam, MemoryError};
+use crate::vstate::vcpu::VcpuError;
+use crate::vstate::vcpus::Vcpus;
+use crate::vstate::vm_state::{self, VmState};
 
 /// How long each vCPU thread and the device thread may take to end once
 /// the VM has ended.
@@ -73,16 +79,23 @@ pub enum VmOpError {
     DirtyLogOff,
     #[error("cannot encode the answer: {0}")]
     Encode(#[source] serde_json::Error),
-    #[error("migration: {0}")]
-    Migration(String),
-    #[error("COLO: {0}")]
-    Colo(String),
+    #[error("migration: cannot {what} the lock of disk {disk}: {source}")]
+    DiskLock {
+        what: &'static str,
+        disk: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("migration: cannot flush disk {disk}: {source}")]
+    DiskFlush {
+        disk: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("a migration is under way (migrate-cancel first)")]
     Migrating,
     #[error("the VM holds no guest yet: it waits for an incoming migration")]
     Empty,
-    #[error("this VM booted from --firmware {0}: a COLO pair of it is not supported yet")]
-    Firmware(std::path::PathBuf),
 }
 
 /// Whether the VM is paused, and what its pause saved.
@@ -113,10 +126,6 @@ pub(crate) struct Core {
     /// (it must not be resumed, snapshotted or reverted).
     pub empty: std::sync::atomic::AtomicBool,
     pause: Mutex<PauseState>,
-    /// This VM's side of a COLO pair, if it is in one.
-    colo: Mutex<Option<Arc<crate::colo::Side>>>,
-    /// How its migration and COLO streams cross the network.
-    transport: crate::migrate::Transport,
     /// The firmware image it booted from (`--firmware`), mapped while it runs.
     firmware: Option<Arc<crate::boot::firmware::Firmware>>,
 }
@@ -141,8 +150,6 @@ impl Core {
                 since: Some(Instant::now()),
                 clock: None,
             }),
-            colo: Mutex::new(None),
-            transport: parts.transport,
             firmware: parts.firmware,
         }
     }
@@ -160,7 +167,6 @@ pub(crate) struct CoreParts {
     pub profiler: Arc<Profiler>,
     pub msr_indices: Arc<Vec<u32>>,
     pub manifest: Manifest,
-    pub transport: crate::migrate::Transport,
     pub firmware: Option<Arc<crate::boot::firmware::Firmware>>,
 }
 
@@ -189,10 +195,6 @@ pub struct RevertDone {
     pub ms: f64,
     /// Whether the VM was running (and runs again).
     pub was_running: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    devices::sync::lock(m)
 }
 
 impl VmHandle {
@@ -262,14 +264,9 @@ impl VmHandle {
         Ok(())
     }
 
-    /// Whether this VM can be a COLO primary: not yet one booted from
-    /// `--firmware` (its snapshots and migrations record the image; the
-    /// secondary would need it given too, untested).
-    pub fn pairable(&self) -> Result<(), VmOpError> {
-        match &self.0.firmware {
-            Some(fw) => Err(VmOpError::Firmware(fw.path().to_path_buf())),
-            None => Ok(()),
-        }
+    /// The firmware image it booted from (`--firmware`), if any.
+    pub fn firmware(&self) -> Option<&std::path::Path> {
+        self.0.firmware.as_ref().map(|fw| fw.path())
     }
 
     /// The whole state of the paused VM but its memory; the vCPUs hand
@@ -478,10 +475,11 @@ impl VmHandle {
         for slot in self.virtio().iter() {
             if let Some(Err(e)) = slot.hold_disk_lock(held) {
                 let what = if held { "take" } else { "release" };
-                return Err(VmOpError::Migration(format!(
-                    "cannot {what} the lock of disk {}: {e}",
-                    slot.id()
-                )));
+                return Err(VmOpError::DiskLock {
+                    what,
+                    disk: slot.id().to_string(),
+                    source: e,
+                });
             }
         }
         Ok(())
@@ -492,37 +490,22 @@ impl VmHandle {
     pub fn flush_disks(&self) -> Result<(), VmOpError> {
         for slot in self.virtio().iter() {
             if let Some(Err(e)) = slot.flush_disk() {
-                return Err(VmOpError::Migration(format!(
-                    "cannot flush disk {}: {e}",
-                    slot.id()
-                )));
+                return Err(VmOpError::DiskFlush {
+                    disk: slot.id().to_string(),
+                    source: e,
+                });
             }
         }
         Ok(())
     }
 
     /// Makes every vCPU run only (100 - `percent`)% of the time (0: off;
-    /// see [`crate::vcpu::THROTTLE_SLICE`]).
+    /// see [`crate::vstate::vcpu::THROTTLE_SLICE`]).
     pub fn throttle(&self, percent: u8) -> Result<(), VmOpError> {
         Ok(lock(&self.0.vcpus).throttle(percent)?)
     }
 
     /// Guest RAM, its KVM slots and its dirty log.
-    /// This VM's side of a COLO pair, if any.
-    pub fn colo(&self) -> Option<Arc<crate::colo::Side>> {
-        devices::sync::lock(&self.0.colo).clone()
-    }
-
-    /// Makes `side` this VM's side of a COLO pair.
-    pub fn set_colo(&self, side: Arc<crate::colo::Side>) {
-        *devices::sync::lock(&self.0.colo) = Some(side);
-    }
-
-    /// How this VM's migration and COLO streams cross the network.
-    pub fn transport(&self) -> &crate::migrate::Transport {
-        &self.0.transport
-    }
-
     pub fn ram(&self) -> &Arc<GuestRam> {
         &self.0.ram
     }
@@ -562,11 +545,6 @@ impl VmHandle {
                 );
             }
         }
-        // A COLO side's report, as colo_status gives it.
-        if let (Some(side), Some(o)) = (self.colo(), m.as_object_mut()) {
-            let report = serde_json::to_value(side.report()).unwrap_or_default();
-            o.insert("colo".into(), report);
-        }
         m
     }
 
@@ -589,7 +567,7 @@ impl VmHandle {
     }
 
     /// The device loop's turns (for an inline migration).
-    pub fn device_turns(&self) -> crate::migrate::inline::SharedTurns {
+    pub fn device_turns(&self) -> crate::device_thread::turns::SharedTurns {
         lock(&self.0.device_thread).turns()
     }
 

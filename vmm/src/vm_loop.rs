@@ -20,17 +20,17 @@ use crate::boot::{self, cpu};
 use crate::config::ProfileConfig;
 use crate::console;
 use crate::control::VmControl;
-use crate::cpuid;
 use crate::device_manager;
-use crate::exit::VmExit;
+use crate::host_emu::cpuid;
 use crate::kvm_util::KvmOp;
-use crate::memory::MemoryError;
 use crate::pause;
 use crate::profile::ProfileError;
 use crate::profile::Profiler;
-use crate::vcpu::VcpuError;
-use crate::vcpu_state::VcpuStateError;
 use crate::vm::{VmHandle, VmOpError};
+use crate::vstate::exit::VmExit;
+use crate::vstate::memory::MemoryError;
+use crate::vstate::vcpu::VcpuError;
+use crate::vstate::vcpu_state::VcpuStateError;
 
 /// Errors before the guest runs.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +80,8 @@ pub enum VmError {
     Restore(#[source] VmOpError),
     #[error("starting the VM: {0}")]
     Start(#[source] VmOpError),
+    #[error("TLS: {0}")]
+    Tls(#[source] crate::streams::tls::TlsError),
     #[error("--guest-profile: {0}")]
     Profile(#[from] ProfileError),
 }
@@ -99,12 +101,34 @@ pub struct Vm {
     /// Whether the VM stays paused when it starts (an incoming VM, whose
     /// memory and state arrive later).
     pub(crate) start_paused: bool,
+    /// How its migration and COLO streams cross the network (loaded from
+    /// the configuration when it was built).
+    pub(crate) transport: Arc<crate::streams::Transport>,
+    /// Its side of a COLO pair, if it is in one.
+    pub(crate) colo: crate::colo::Slot,
 }
 
 impl Vm {
     /// The handle other threads drive the VM through.
     pub fn handle(&self) -> VmHandle {
         self.handle.clone()
+    }
+
+    /// How the VM's migration and COLO streams cross the network.
+    pub fn transport(&self) -> Arc<crate::streams::Transport> {
+        self.transport.clone()
+    }
+
+    /// Makes `side` this VM's side of a COLO pair (a secondary's, before
+    /// it runs; a primary's comes through the control API).
+    pub fn set_colo(&self, side: Arc<crate::colo::Side>) {
+        self.colo.set(side);
+    }
+
+    /// The device and exit counters as JSON, with the COLO side's report
+    /// (what `--metrics` writes).
+    fn metrics(&self) -> Value {
+        metrics(&self.handle, &self.colo)
     }
 
     /// See [`VmHandle::pause`].
@@ -118,17 +142,17 @@ impl Vm {
     }
 
     /// See [`VmHandle::capture_state`].
-    pub fn capture_state(&self) -> Result<crate::vm_state::VmState, VmOpError> {
+    pub fn capture_state(&self) -> Result<crate::vstate::vm_state::VmState, VmOpError> {
         self.handle.capture_state()
     }
 
     /// See [`VmHandle::apply_state`].
-    pub fn apply_state(&self, s: &crate::vm_state::VmState) -> Result<(), VmOpError> {
+    pub fn apply_state(&self, s: &crate::vstate::vm_state::VmState) -> Result<(), VmOpError> {
         self.handle.apply_state(s)
     }
 
     /// Guest RAM and its dirty log.
-    pub fn ram(&self) -> &Arc<crate::memory::GuestRam> {
+    pub fn ram(&self) -> &Arc<crate::vstate::memory::GuestRam> {
         self.handle.ram()
     }
 
@@ -140,19 +164,19 @@ impl Vm {
         let mut em = self.start(&ended)?;
         let handle = self.handle.clone();
         let metrics = self.metrics.clone();
-        serve(&mut em, &ended, &handle, metrics.as_deref());
+        serve(&mut em, &ended, &handle, &self.colo, metrics.as_deref());
         let why = handle.exit().reason();
         handle.finish_threads();
         console::restore_terminal();
         if let Some(path) = &metrics {
-            if let Err(e) = write_metrics(path, &handle.metrics()) {
+            if let Err(e) = write_metrics(path, &self.metrics()) {
                 log::warn!("{e}");
             }
         }
         if let Some(file) = &self.profile.file {
             write_profile(handle.profiler(), file, self.profile.symbols.as_deref());
         }
-        log::info!("{}", crate::emulation::summary());
+        log::info!("{}", crate::host_emu::emulation::summary());
         Ok(why)
     }
 
@@ -172,11 +196,16 @@ impl Vm {
                 ended: ended.clone(),
                 vm: handle.clone(),
             })));
-            api.set_control(Box::new(VmControl::new(handle.clone(), symbols, ended)));
+            let link = crate::migrate::VmLink {
+                vm: handle.clone(),
+                transport: self.transport.clone(),
+            };
+            let colo = self.colo.clone();
+            api.set_control(Box::new(VmControl::new(link, colo, symbols, ended)));
             em.add_subscriber(Arc::new(Mutex::new(api)));
         }
         if let Some(path) = &self.metrics {
-            write_metrics(path, &handle.metrics())?;
+            write_metrics(path, &self.metrics())?;
         }
         if self.profile.file.is_some() {
             handle.profiler().start(self.profile.hz)?;
@@ -199,7 +228,20 @@ impl Drop for Vm {
 }
 
 /// The VMM thread's loop: control requests and metrics until the VM ends.
-fn serve(em: &mut Subscribers, ended: &AtomicBool, handle: &VmHandle, metrics: Option<&Path>) {
+/// The VM's metrics with its COLO side's report.
+fn metrics(handle: &VmHandle, colo: &crate::colo::Slot) -> Value {
+    let mut m = handle.metrics();
+    colo.add_report(&mut m);
+    m
+}
+
+fn serve(
+    em: &mut Subscribers,
+    ended: &AtomicBool,
+    handle: &VmHandle,
+    colo: &crate::colo::Slot,
+    metrics: Option<&Path>,
+) {
     let mut last_metrics = Instant::now();
     while !ended.load(Ordering::SeqCst) {
         if let Err(e) = em.run_with_timeout(METRICS_PERIOD.as_millis() as i32) {
@@ -208,7 +250,7 @@ fn serve(em: &mut Subscribers, ended: &AtomicBool, handle: &VmHandle, metrics: O
         if let Some(path) = metrics {
             if last_metrics.elapsed() >= METRICS_PERIOD {
                 last_metrics = Instant::now();
-                if let Err(e) = write_metrics(path, &handle.metrics()) {
+                if let Err(e) = write_metrics(path, &self::metrics(handle, colo)) {
                     log::warn!("{e}");
                 }
             }

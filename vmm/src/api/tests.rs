@@ -12,16 +12,16 @@ impl Control for Fake {
     fn status(&mut self) -> Value {
         json!({"state": if self.paused {"paused"} else {"running"}})
     }
-    fn pause(&mut self) -> Result<f64, VmOpError> {
+    fn pause(&mut self) -> Result<f64, ControlError> {
         if self.paused {
-            return Err(VmOpError::AlreadyPaused);
+            return Err(VmOpError::AlreadyPaused.into());
         }
         self.paused = true;
         Ok(1.0)
     }
-    fn resume(&mut self) -> Result<(), VmOpError> {
+    fn resume(&mut self) -> Result<(), ControlError> {
         if !self.paused {
-            return Err(VmOpError::NotPaused);
+            return Err(VmOpError::NotPaused.into());
         }
         self.paused = false;
         Ok(())
@@ -32,8 +32,8 @@ impl Control for Fake {
     fn shutdown(&mut self) {
         self.shutdown = true;
     }
-    fn snapshot(&mut self, _: &Path) -> Result<Value, VmOpError> {
-        Err(VmOpError::Unavailable("snapshots"))
+    fn snapshot(&mut self, _: &Path) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("snapshots").into())
     }
 }
 
@@ -270,4 +270,41 @@ fn field_errors_name_the_field() {
     }
     let a = handle_line(br#"{"cmd":"throttle","percent":100}"#, &mut Fake::default());
     assert_eq!(a["error"], "bad request: \"percent\": 100 is not 0 to 99");
+}
+
+/// The COLO verbs take the pair's parameters flattened: each optional
+/// (the defaults of `colo::PairParams`), a stray key still refused.
+#[test]
+fn colo_verbs_take_the_pair_parameters_flattened() {
+    let start = Request::parse(br#"{"cmd":"colo_start","to":"unix:/tmp/c","heartbeat_ms":50}"#);
+    let Ok(Request::ColoStart {
+        to, pair, lease, ..
+    }) = start
+    else {
+        panic!("{start:?}");
+    };
+    assert_eq!(to, "unix:/tmp/c");
+    assert_eq!(lease, None);
+    assert_eq!(
+        pair,
+        crate::colo::PairParams {
+            heartbeat_ms: 50,
+            ..Default::default()
+        }
+    );
+    let line = br#"{"cmd":"colo_reprotect","to":"unix:/tmp/c"}"#;
+    assert_eq!(
+        Request::parse(line).unwrap(),
+        Request::ColoReprotect {
+            to: "unix:/tmp/c".into(),
+            pair: crate::colo::PairParams::default(),
+        }
+    );
+    for line in [
+        r#"{"cmd":"colo_start","to":"unix:/tmp/c","bogus":1}"#,
+        r#"{"cmd":"colo_reprotect","to":"unix:/tmp/c","lease":"/x"}"#,
+    ] {
+        let e = Request::parse(line.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("unknown field"), "{line}: {e}");
+    }
 }

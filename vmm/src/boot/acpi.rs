@@ -181,12 +181,11 @@ fn mcfg() -> MCFG {
     m
 }
 
-fn dsdt() -> Sdt {
-    let mut sdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, *b"TANDDSDT", OEM_REVISION);
+/// The PCI host bridge (bus 0, the configuration ports, the MMIO
+/// aperture), into `sdt`.
+fn add_pci_host_bridge(sdt: &mut Sdt) {
     let mmio_end = (PCI_MMIO_START + PCI_MMIO_SIZE - 1) as u32;
     let (cf8, ports) = (PCI_CONFIG_PORT as u16, PCI_CONFIG_PORTS as u16);
-    // Each part is built and emitted in one statement: the builders borrow
-    // their children.
     aml::Device::new(
         "_SB_.PCI0".into(),
         vec![
@@ -214,7 +213,14 @@ fn dsdt() -> Sdt {
             ),
         ],
     )
-    .to_aml_bytes(&mut sdt);
+    .to_aml_bytes(sdt);
+}
+
+fn dsdt() -> Sdt {
+    let mut sdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, *b"TANDDSDT", OEM_REVISION);
+    // Each part is built and emitted in one statement: the builders borrow
+    // their children.
+    add_pci_host_bridge(&mut sdt);
     // ECAM, reserved as a motherboard resource.
     aml::Device::new(
         "_SB_.MBRD".into(),

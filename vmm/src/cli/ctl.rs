@@ -192,7 +192,16 @@ impl PairArgs {
     /// options are copied into the API's pair parameters.)
     fn params(&self, to: &str) -> Result<crate::colo::Params, String> {
         Ok(crate::colo::Params {
-            to: to.parse()?,
+            to: to
+                .parse()
+                .map_err(|e: crate::streams::endpoint::BadEndpoint| e.to_string())?,
+            pair: self.pair(),
+        })
+    }
+
+    /// The pair's timing and queue as the API and `colo` take them.
+    fn pair(&self) -> crate::colo::PairParams {
+        crate::colo::PairParams {
             checkpoint_period_ms: self.checkpoint_period_ms,
             heartbeat_ms: self.heartbeat_ms,
             heartbeat_timeout_ms: self.heartbeat_timeout_ms,
@@ -200,7 +209,7 @@ impl PairArgs {
             max_queue: self.max_queue,
             queue_full: self.colo_queue_full,
             channels: self.colo_channels,
-        })
+        }
     }
 }
 
@@ -289,28 +298,16 @@ fn pair_request(verb: &Verb) -> Result<Request, String> {
             lease_ttl_s,
         } => Request::ColoStart {
             to: to.clone(),
-            checkpoint_period_ms: pair.checkpoint_period_ms,
-            heartbeat_ms: pair.heartbeat_ms,
-            heartbeat_timeout_ms: pair.heartbeat_timeout_ms,
             lease: lease.as_deref().map(absolute),
             arbiter: arbiter.clone(),
             lease_ttl_s: *lease_ttl_s,
-            compare_timeout_ms: pair.compare_timeout_ms,
-            max_queue: pair.max_queue,
-            queue_full: pair.colo_queue_full,
-            channels: pair.colo_channels,
+            pair: pair.pair(),
         },
         Verb::ColoReprotect { to, pair } => {
             let p = pair.params(to)?;
             Request::ColoReprotect {
                 to: p.to.to_string(),
-                checkpoint_period_ms: p.checkpoint_period_ms,
-                heartbeat_ms: p.heartbeat_ms,
-                heartbeat_timeout_ms: p.heartbeat_timeout_ms,
-                compare_timeout_ms: p.compare_timeout_ms,
-                max_queue: p.max_queue,
-                queue_full: p.queue_full,
-                channels: p.channels,
+                pair: p.pair,
             }
         }
         _ => return Err("not a COLO pair verb".into()),

@@ -25,9 +25,9 @@ use super::run::{asked_shape, RunError};
 use super::run_args::{BootParts, RunArgs, Shape};
 use crate::builder::{self, Start};
 use crate::config::{self, ConfigError, Machine};
-use crate::exit::VmExit;
 use crate::migrate::dest::{self, Accepted};
-use crate::migrate::Endpoint;
+use crate::streams::Endpoint;
+use crate::vstate::exit::VmExit;
 
 /// The smallest guest memory tandem gives (as `--mem`).
 const MIN_MEM: u64 = 16 << 20;
@@ -54,8 +54,10 @@ pub fn run(from: Endpoint, args: RunArgs) -> Result<VmExit, RunError> {
         None => None,
     };
     let options = args.vm_options(None)?;
-    let streams = options.transport.name(&from);
-    let listener = dest::listen(&from, &options.transport)?;
+    let transport = crate::streams::Transport::from_config(&options.streams)
+        .map_err(super::run_args::RunArgsError::Tls)?;
+    let streams = transport.name(&from);
+    let listener = dest::listen(&from, &transport)?;
     let (shape, mut accepted) = match given {
         Some(shape) => (shape, None),
         None => {
@@ -84,8 +86,8 @@ pub fn run(from: Endpoint, args: RunArgs) -> Result<VmExit, RunError> {
         )
         .map_err(|e| RunError::Arbiter(refused(accepted.take(), e)))?;
         let side = crate::colo::secondary::side(&from, &arbiter, streams);
-        vm.handle().set_colo(side.clone());
-        Some(crate::colo::secondary::then(side, arbiter))
+        vm.set_colo(side.clone());
+        Some(crate::colo::secondary::then(side, arbiter, vm.transport()))
     } else {
         None
     };
@@ -233,7 +235,7 @@ mod tests {
         let path =
             std::env::temp_dir().join(format!("tandem-incoming-{}.sock", std::process::id()));
         let from: Endpoint = format!("unix:{}", path.display()).parse().unwrap();
-        let transport = crate::migrate::Transport::new(None, false).unwrap();
+        let transport = crate::streams::Transport::new(None, false).unwrap();
         let listener = dest::listen(&from, &transport).unwrap();
         let to = from.clone();
         let sender = std::thread::spawn(move || {

@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 
 use super::probe::{self, Probe, ProbeConfig, ProbeError};
 use crate::api::{self, ApiError, Request};
-use crate::migrate::{status, Endpoint, Mode};
+use crate::migrate::{status, Mode};
+use crate::streams::Endpoint;
 
 use super::values::{self, ModeArg};
 

@@ -16,8 +16,8 @@ use super::fail;
 use super::run_args::{BootParts, RunArgs, RunArgsError, Shape};
 use crate::builder::{self, Start};
 use crate::config::{self, ConfigError, DEFAULT_MEM};
-use crate::exit::VmExit;
 use crate::migrate::MigrateError;
+use crate::vstate::exit::VmExit;
 
 /// `tandem run --help`'s closing text.
 pub const AFTER_HELP: &str = "\
@@ -70,7 +70,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    let host = crate::host::HostKind::detect();
+    let host = crate::host_emu::HostKind::detect();
     let cmdline = args
         .cmdline
         .clone()

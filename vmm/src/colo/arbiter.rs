@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use replication::arbiter::{Arbiter, ArbiterError, Gate, LockFileLease};
 use replication::etcd::{EtcdLease, EtcdSpec};
 
-use crate::migrate::Endpoint;
+use crate::streams::Endpoint;
 
 /// The lease's TTL when none is given, s (etcd's minimum is 2).
 pub const DEFAULT_TTL_S: u32 = 3;

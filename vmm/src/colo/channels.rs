@@ -26,11 +26,11 @@ use std::time::Duration;
 use migration::protocol::{self, MemoryBatch, Message};
 
 use super::ColoError;
-use crate::memory::{DirtyBitmap, GuestRam};
-use crate::migrate::endpoint::{Conn, Listener};
 use crate::migrate::inline::Slicer;
 use crate::migrate::pages::{self, Sent, Stop};
-use crate::migrate::{Endpoint, Transport};
+use crate::streams::endpoint::{Conn, Listener};
+use crate::streams::{Endpoint, Transport};
+use crate::vstate::memory::{DirtyBitmap, GuestRam};
 
 /// Bitmap words (64 pages each) per run handed to one channel.
 const RUN_WORDS: usize = 8;
@@ -49,7 +49,7 @@ pub fn open(
     for i in 0..n {
         let mut c = transport
             .connect(to, timeout)
-            .map_err(|e| ColoError::Refused(format!("page channel {i} to {to}: {e}")))?;
+            .map_err(ColoError::io(format!("page channel {i} to {to}")))?;
         c.set_timeouts(timeout).map_err(ColoError::Stream)?;
         protocol::write_message(
             &mut c,
@@ -71,7 +71,7 @@ pub fn accept(listener: &Listener, n: u16, timeout: Duration) -> Result<Vec<Conn
     for i in 0..n {
         let mut c = listener
             .accept_within(timeout)
-            .map_err(|e| ColoError::Refused(format!("no page channel {i}: {e}")))?;
+            .map_err(ColoError::io(format!("no page channel {i}")))?;
         c.set_timeouts(timeout).map_err(ColoError::Stream)?;
         protocol::check_hello(&protocol::read_message(&mut c)?)?;
         out.push(c);
@@ -166,7 +166,7 @@ fn joined<T>(
         .map(|t| match t {
             Ok(h) => h
                 .join()
-                .unwrap_or_else(|_| Err(ColoError::Refused("a page thread panicked".into()))),
+                .unwrap_or_else(|_| Err(ColoError::Panicked("a page thread"))),
             Err(e) => Err(ColoError::Stream(e)),
         })
         .collect()
@@ -225,10 +225,10 @@ fn receive_share(
             }
             Message::Commit => return Ok(batches),
             other => {
-                return Err(ColoError::Refused(format!(
-                    "unexpected {} on a page channel",
-                    other.command().name()
-                )))
+                return Err(ColoError::Unexpected {
+                    got: other.command().name(),
+                    place: "on a page channel",
+                })
             }
         }
     }

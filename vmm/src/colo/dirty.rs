@@ -9,7 +9,7 @@
 use migration::protocol::colo::{spans_of, Span};
 use migration::protocol::PAGE_SIZE;
 
-use crate::memory::DirtyBitmap;
+use crate::vstate::memory::DirtyBitmap;
 
 /// The spans of the pages set in `bitmaps`.
 pub fn spans(bitmaps: &[DirtyBitmap]) -> Vec<Span> {
@@ -55,7 +55,7 @@ pub fn clear(bitmaps: &mut [DirtyBitmap]) {
 /// ORs `from` into `into`, slot by slot (the same layout).
 pub fn or(into: &mut [DirtyBitmap], from: &[DirtyBitmap]) {
     for (a, b) in into.iter_mut().zip(from) {
-        crate::memory::or_into(&mut a.bits, &b.bits);
+        crate::vstate::memory::or_into(&mut a.bits, &b.bits);
     }
 }
 

@@ -22,7 +22,7 @@ pub fn sums(m: &Manifest) -> Result<Vec<[u8; 32]>, ColoError> {
             } => Some(path),
             _ => None,
         })
-        .map(|path| sum(path).map_err(|e| ColoError::Refused(format!("hashing {path}: {e}"))))
+        .map(|path| sum(path).map_err(ColoError::io(format!("hashing {path}"))))
         .collect()
 }
 

@@ -20,7 +20,7 @@ use migration::protocol::colo::{DiskWrite, DISK_WRITE_MAX};
 use migration::protocol::{self, Message};
 
 use super::ColoError;
-use crate::device_manager::ColoDisk;
+use crate::device_manager::DiskWrites;
 use crate::vm::VmHandle;
 
 /// One writable disk's log and a handle on its image for reading.
@@ -45,18 +45,21 @@ impl Forwarder {
         let mut disks = Vec::new();
         let mut index = 0u32;
         for slot in vm.virtio().iter() {
-            let Some(disk) = slot.colo_disk() else {
+            let Some(disk) = slot.disk_writes() else {
                 continue;
             };
             // A primary's disk, or a secondary's that took over (a
             // re-protect).
             let logged = match disk {
-                ColoDisk::Tracked { log, file } => Some((log.clone(), file.try_clone())),
-                ColoDisk::Replica(r) => {
-                    let (l, f) = r.write_log().map_err(ColoError::Stream)?;
-                    Some((l, Ok(f)))
-                }
-                ColoDisk::None => None,
+                DiskWrites::Tracked { log, file } => Some((log.clone(), file.try_clone())),
+                DiskWrites::Wrapped(w) => match super::replica::downcast(w) {
+                    Some(r) => {
+                        let (l, f) = r.write_log().map_err(ColoError::Stream)?;
+                        Some((l, Ok(f)))
+                    }
+                    None => None,
+                },
+                DiskWrites::None => None,
             };
             if let Some((log, file)) = logged {
                 let file = file.map_err(ColoError::Stream)?;

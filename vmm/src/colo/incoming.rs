@@ -21,7 +21,7 @@ use migration::protocol::{self, MemoryBatch, Message, ProtocolError};
 use migration::Manifest;
 
 use super::ColoError;
-use crate::vm_state::VmState;
+use crate::vstate::vm_state::VmState;
 
 /// A whole checkpoint, checked, not applied.
 pub struct Checkpoint {
@@ -59,14 +59,14 @@ pub fn read_checkpoint<R: Read>(
             Message::Commit => break,
             Message::Abandon(why) => return Err(ProtocolError::Abandoned(why).into()),
             other => {
-                return Err(ColoError::Refused(format!(
-                    "unexpected {} in a checkpoint",
-                    other.command().name()
-                )))
+                return Err(ColoError::Unexpected {
+                    got: other.command().name(),
+                    place: "in a checkpoint",
+                })
             }
         }
     }
-    let image = image.ok_or_else(|| ColoError::Refused("a checkpoint without state".into()))?;
+    let image = image.ok_or(ColoError::NoState)?;
     let state = crate::snapshot::load_image_for(Cursor::new(image), "the checkpoint", ours)?.state;
     Ok(Checkpoint {
         batches,

@@ -64,7 +64,7 @@ impl Decoder {
 
     /// The next whole frame, if one is there.
     pub fn next_frame(&mut self) -> Result<Option<LinkFrame>, ColoError> {
-        let bad = |msg: String| ColoError::Refused(format!("network link: {msg}"));
+        let bad = ColoError::Link;
         let Some(head) = self.buf.first_chunk::<4>() else {
             return Ok(None);
         };

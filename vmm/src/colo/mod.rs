@@ -3,7 +3,10 @@
 //! heartbeats and checkpoints; `migration::protocol`, COLO sequence).
 //!
 //! - [`primary`]: the `colo` thread of the VM that serves, started by the
-//!   `colo_start` API verb: initial sync, heartbeats, checkpoints.
+//!   `colo_start` API verb: the lease, the pair, then the survivor.
+//! - [`pair`]: one pair from the primary's side (initial sync, heartbeats,
+//!   checkpoints), run by the primary and by a re-protected survivor.
+//! - [`survivor`]: a side that serves alone once its pair ended.
 //! - [`secondary`]: what `tandem run --colo secondary` runs after the
 //!   initial sync on its `incoming` thread: answers heartbeats, applies
 //!   whole checkpoints, takes over when the primary is lost.
@@ -30,6 +33,7 @@ pub mod disks;
 pub mod forward;
 pub mod incoming;
 pub mod link;
+pub mod pair;
 pub mod primary;
 pub mod proxy;
 pub mod replica;
@@ -38,7 +42,7 @@ pub mod survivor;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -46,7 +50,8 @@ use serde::Serialize;
 use migration::protocol::ProtocolError;
 use replication::failover::{Role, State};
 
-use crate::migrate::{Endpoint, MigrateError};
+use crate::migrate::MigrateError;
+use crate::streams::Endpoint;
 
 /// Checkpoint pauses kept in the report.
 pub const RECENT: usize = 1024;
@@ -67,7 +72,7 @@ pub enum ColoError {
     #[error(transparent)]
     Vm(#[from] crate::vm::VmOpError),
     #[error(transparent)]
-    Memory(#[from] crate::memory::MemoryError),
+    Memory(#[from] crate::vstate::memory::MemoryError),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::SnapshotError),
     #[error("encoding the VM's state: {0}")]
@@ -78,26 +83,136 @@ pub enum ColoError {
     Failover(#[from] replication::failover::FailoverError),
     #[error("a checkpoint of {pages} pages is more than the guest's {limit}")]
     TooBig { pages: u64, limit: u64 },
+    /// A message the COLO sequence does not expect there.
+    #[error("unexpected {got} {place}")]
+    Unexpected {
+        got: &'static str,
+        place: &'static str,
+    },
+    /// A message the sequence needs did not come (`Protect`, `Dirty`, ...).
+    #[error("no {0}")]
+    Missing(&'static str),
+    #[error("a checkpoint without state")]
+    NoState,
+    /// A connection, a file or a disk that could not be used.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} panicked")]
+    Panicked(&'static str),
+    #[error(transparent)]
+    Compare(#[from] replication::compare::CompareError),
+    /// A NIC that could not move onto the proxy's backend.
     #[error("{0}")]
-    Refused(String),
+    NicSwap(String),
+    #[error("no Committed before this side's output gate closed")]
+    GateClosed,
+    /// A frame on the network link that is not one.
+    #[error("network link: {0}")]
+    Link(String),
+    /// The two sides' disk images differ (what the secondary found).
+    #[error("{0}")]
+    DisksDiffer(String),
+    #[error("a write to disk {0}, not replicated here")]
+    NotReplicated(u32),
+    #[error("disk {disk}: {source}")]
+    Journal {
+        disk: u64,
+        #[source]
+        source: replication::journal::JournalError,
+    },
+}
+
+impl ColoError {
+    /// [`ColoError::Io`] about `what`.
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ColoError {
+        let what = what.into();
+        move |source| ColoError::Io { what, source }
+    }
 }
 
 /// What `colo_start` (and `colo_reprotect`) asks for: the pair's peer
-/// and timing. The arbiter is given apart: a survivor keeps its own.
+/// and its parameters (reached through `Deref`, `params.heartbeat_ms`).
+/// The arbiter is given apart: a survivor keeps its own.
 #[derive(Debug, Clone)]
 pub struct Params {
     pub to: Endpoint,
+    pub pair: PairParams,
+}
+
+impl std::ops::Deref for Params {
+    type Target = PairParams;
+
+    fn deref(&self) -> &PairParams {
+        &self.pair
+    }
+}
+
+/// A pair's timing, compare queue and page channels, written once: the
+/// API's `colo_start` and `colo_reprotect` take them flattened (each field
+/// optional, these defaults), and `tandem ctl colo-*` builds the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct PairParams {
+    /// A checkpoint this often, ms.
+    #[serde(default = "pair_default::period")]
     pub checkpoint_period_ms: u64,
+    /// A heartbeat this often, ms.
+    #[serde(default = "pair_default::heartbeat")]
     pub heartbeat_ms: u32,
+    /// The peer is lost after this long without a heartbeat, ms.
+    #[serde(default = "pair_default::heartbeat_timeout")]
     pub heartbeat_timeout_ms: u32,
     /// A primary frame waits this long for its match, then a checkpoint.
+    #[serde(default = "pair_default::compare_timeout")]
     pub compare_timeout_ms: u64,
     /// Frames each side of the compare holds, at most.
+    #[serde(default = "pair_default::max_queue")]
     pub max_queue: usize,
     /// What a full compare queue does.
+    #[serde(default)]
     pub queue_full: QueueFullPolicy,
     /// Connections a checkpoint's pages go over (1: the stream itself).
+    #[serde(default = "pair_default::channels")]
     pub channels: u16,
+}
+
+impl Default for PairParams {
+    fn default() -> Self {
+        PairParams {
+            checkpoint_period_ms: DEFAULT_PERIOD_MS,
+            heartbeat_ms: DEFAULT_HEARTBEAT_MS,
+            heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
+            compare_timeout_ms: DEFAULT_COMPARE_TIMEOUT_MS,
+            max_queue: DEFAULT_MAX_QUEUE,
+            queue_full: QueueFullPolicy::default(),
+            channels: 1,
+        }
+    }
+}
+
+/// [`PairParams`]' defaults as serde wants them (functions).
+mod pair_default {
+    pub fn period() -> u64 {
+        super::DEFAULT_PERIOD_MS
+    }
+    pub fn heartbeat() -> u32 {
+        super::DEFAULT_HEARTBEAT_MS
+    }
+    pub fn heartbeat_timeout() -> u32 {
+        super::DEFAULT_HEARTBEAT_TIMEOUT_MS
+    }
+    pub fn compare_timeout() -> u64 {
+        super::DEFAULT_COMPARE_TIMEOUT_MS
+    }
+    pub fn max_queue() -> usize {
+        super::DEFAULT_MAX_QUEUE
+    }
+    pub fn channels() -> u16 {
+        1
+    }
 }
 
 /// What a full compare queue does (`--colo-queue-full`).
@@ -204,6 +319,32 @@ impl Report {
 }
 
 /// A side as the API sees it: its report, and the operator's requests.
+/// The COLO side a VM is in, if any. Held by the layer that runs the VM
+/// (`vm_loop`, the control adapter), never by the VM core; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Slot(Arc<Mutex<Option<Arc<Side>>>>);
+
+impl Slot {
+    /// The side, if the VM is in a pair (or was).
+    pub fn get(&self) -> Option<Arc<Side>> {
+        devices::sync::lock(&self.0).clone()
+    }
+
+    /// Makes `side` the VM's side of a COLO pair.
+    pub fn set(&self, side: Arc<Side>) {
+        *devices::sync::lock(&self.0) = Some(side);
+    }
+
+    /// Adds the side's report (as `colo_status` gives it) to the VM's
+    /// metrics, under `colo`.
+    pub fn add_report(&self, metrics: &mut serde_json::Value) {
+        if let (Some(side), Some(o)) = (self.get(), metrics.as_object_mut()) {
+            let report = serde_json::to_value(side.report()).unwrap_or_default();
+            o.insert("colo".into(), report);
+        }
+    }
+}
+
 pub struct Side {
     report: Mutex<Report>,
     failover: AtomicBool,

@@ -49,7 +49,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::arbiter::Fence;
 use super::link::{self, Decoder};
 use super::Side;
-use crate::migrate::endpoint::Conn;
+use crate::streams::endpoint::Conn;
 
 /// What the `colo` side asks of its proxy.
 pub enum Cmd {

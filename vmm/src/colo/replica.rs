@@ -28,6 +28,8 @@ use devices::GuestMemoryMmap;
 use replication::journal::{BlockImage, DiskStats, JournalError, SecondaryDisk, BLOCK_SIZE};
 use vm_memory::{Address, Bytes, GuestAddress};
 
+use crate::device_manager::KeptDisk as Kept;
+
 /// The journal's cap: the primary's writes between two checkpoints.
 pub const JOURNAL_CAP: u64 = 256 << 20;
 /// The primary checkpoints once it forwarded this much since the last.
@@ -237,15 +239,27 @@ impl DiskBackend for Replica {
 
 /// The replicas of `vm`'s disks, indexed as the primary's `DiskWrite`s
 /// are (every disk in device order; `None` for a read-only one).
-pub fn of(vm: &crate::vm::VmHandle) -> Vec<Option<std::sync::Arc<Replica>>> {
+pub fn of(vm: &crate::vm::VmHandle) -> Vec<Option<Arc<Replica>>> {
     vm.virtio()
         .iter()
-        .filter_map(|slot| slot.colo_disk())
+        .filter_map(|slot| slot.disk_writes())
         .map(|d| match d {
-            crate::device_manager::ColoDisk::Replica(r) => Some(r.clone()),
+            crate::device_manager::DiskWrites::Wrapped(w) => downcast(w),
             _ => None,
         })
         .collect()
+}
+
+/// A secondary's disk backend (the VM's `WrapDisk`): the image served
+/// through a [`Replica`], which the COLO code gets back with [`downcast`].
+pub fn wrap(file: DiskFile) -> io::Result<(Arc<dyn DiskBackend>, Kept)> {
+    let r = Arc::new(Replica::new(file)?);
+    Ok((r.clone(), r))
+}
+
+/// The [`Replica`] a [`wrap`] made, if `kept` is one.
+pub fn downcast(kept: &Kept) -> Option<Arc<Replica>> {
+    kept.clone().downcast::<Replica>().ok()
 }
 
 #[cfg(test)]

@@ -34,11 +34,13 @@ use super::replica::{self, Replica};
 use super::survivor::Survivor;
 use super::{dirty, failover_config, incoming, ColoError, Report, Side};
 use crate::boot::layout;
-use crate::exit::VmExit;
-use crate::memory::DirtyBitmap;
-use crate::migrate::endpoint::{Conn, Listener};
-use crate::migrate::Endpoint;
+use crate::migrate::VmLink;
+use crate::streams::endpoint::{Conn, Listener};
+use crate::streams::Endpoint;
+use crate::streams::Transport;
 use crate::vm::VmHandle;
+use crate::vstate::exit::VmExit;
+use crate::vstate::memory::DirtyBitmap;
 use devices::virtio::net::datagram::Datagram;
 
 /// How long a NIC's backend swap, the link and a proxy's command may take.
@@ -62,9 +64,19 @@ pub fn side(from: &Endpoint, arbiter: &ArbiterSpec, transport: &'static str) -> 
 }
 
 /// What the incoming thread runs once the initial sync is done.
-pub fn then(side: Arc<Side>, arbiter: ArbiterSpec) -> crate::migrate::dest::Then {
+/// `transport`: the streams this side opens once it serves alone (a
+/// re-protect).
+pub fn then(
+    side: Arc<Side>,
+    arbiter: ArbiterSpec,
+    transport: Arc<Transport>,
+) -> crate::migrate::dest::Then {
     Box::new(move |vm: &VmHandle, conn: Conn, listener: &Listener| {
-        if let Err(e) = serve(vm, conn, listener, &side, &arbiter) {
+        let link = VmLink {
+            vm: vm.clone(),
+            transport: transport.clone(),
+        };
+        if let Err(e) = serve(&link, conn, listener, &side, &arbiter) {
             let why = format!("the pair did not start: {e}");
             side.update(|r| {
                 r.state = State::Retired;
@@ -82,13 +94,13 @@ enum Ended {
     Stopped,
 }
 
-fn serve(
-    vm: &VmHandle,
-    mut conn: Conn,
-    listener: &Listener,
-    side: &Arc<Side>,
-    arbiter: &ArbiterSpec,
-) -> Result<(), ColoError> {
+/// The pair's start on this side: the dirty log on and the guest running
+/// (as the sync left it), then the primary's `Protect` and disk sums
+/// checked against this side's; returns the pair's timing.
+fn accept_pair(
+    vm: &VmLink,
+    conn: &mut Conn,
+) -> Result<migration::protocol::colo::Timing, ColoError> {
     // The guest is still paused as the sync left it: from here on every
     // page it writes is seen, and owed to the primary at the next
     // checkpoint. (Had it run before, a page it wrote and the primary did
@@ -101,18 +113,30 @@ fn serve(
     ram.dirty_pages()?;
     ram.clear_all()?;
     vm.resume()?;
-    let Message::Protect(t) = protocol::expect(&mut conn, Command::Protect)? else {
-        return Err(ColoError::Refused("no Protect".into()));
+    let Message::Protect(t) = protocol::expect(conn, Command::Protect)? else {
+        return Err(ColoError::Missing("Protect"));
     };
-    let Message::Disks(theirs) = protocol::expect(&mut conn, Command::Disks)? else {
-        return Err(ColoError::Refused("no Disks".into()));
+    let Message::Disks(theirs) = protocol::expect(conn, Command::Disks)? else {
+        return Err(ColoError::Missing("Disks"));
     };
     let ours = super::disks::sums(vm.manifest())?;
     if let Some(why) = super::disks::differ(&theirs, &ours, vm.manifest()) {
-        let _ = protocol::write_message(&mut conn, &Message::Abandon(why.clone()));
-        return Err(ColoError::Refused(why));
+        let _ = protocol::write_message(conn, &Message::Abandon(why.clone()));
+        return Err(ColoError::DisksDiffer(why));
     }
-    protocol::write_message(&mut conn, &Message::Accept)?;
+    protocol::write_message(conn, &Message::Accept)?;
+    Ok(t)
+}
+
+fn serve(
+    vm: &VmLink,
+    mut conn: Conn,
+    listener: &Listener,
+    side: &Arc<Side>,
+    arbiter: &ArbiterSpec,
+) -> Result<(), ColoError> {
+    let t = accept_pair(vm, &mut conn)?;
+    let ram = vm.ram();
     let id = format!("secondary pid {}", std::process::id());
     let mut lease = arbiter.open(&id)?;
     let fence = Fence::new(lease.gate());
@@ -176,7 +200,7 @@ fn serve(
 /// the lease (and the proxy, if it serves through it) while this VM
 /// serves; a fenced side ends as soon as the arbiter answers again.
 struct After<'a> {
-    vm: &'a VmHandle,
+    vm: &'a VmLink,
     side: &'a Arc<Side>,
     fence: Fence,
     /// When a fenced side last asked the arbiter.
@@ -272,7 +296,7 @@ fn report(vm: &VmHandle, side: &Side, fo: &Failover, lease: &dyn Arbiter) {
 fn start_proxy(vm: &VmHandle, listener: &Listener, fence: Fence) -> Result<Proxy, ColoError> {
     let mut link = listener
         .accept_within(PROXY_WAIT)
-        .map_err(|e| ColoError::Refused(format!("no network link from the primary: {e}")))?;
+        .map_err(ColoError::io("no network link from the primary"))?;
     link.set_timeouts(PROXY_WAIT).map_err(ColoError::Stream)?;
     let hello = protocol::read_message(&mut link)?;
     protocol::check_hello(&hello)?;
@@ -281,7 +305,7 @@ fn start_proxy(vm: &VmHandle, listener: &Listener, fence: Fence) -> Result<Proxy
         let Some(tap) = slot.tap() else { continue };
         let (backend, other) = Datagram::pair(tap).map_err(ColoError::Stream)?;
         if let Some(r) = slot.swap_backend(Box::new(backend), PROXY_WAIT) {
-            r.map_err(ColoError::Refused)?;
+            r.map_err(ColoError::NicSwap)?;
             guests.push(other);
         }
     }
@@ -327,11 +351,12 @@ fn journal(replicas: &[Option<Arc<Replica>>], w: &DiskWrite) -> Result<(), ColoE
         .ok()
         .and_then(|i| replicas.get(i))
         .and_then(Option::as_ref)
-        .ok_or_else(|| {
-            ColoError::Refused(format!("a write to disk {}, not replicated here", w.disk))
-        })?;
+        .ok_or(ColoError::NotReplicated(w.disk))?;
     r.journal(w.offset, &w.data)
-        .map_err(|e| ColoError::Refused(format!("disk {}: {e}", w.disk)))
+        .map_err(|source| ColoError::Journal {
+            disk: u64::from(w.disk),
+            source,
+        })
 }
 
 /// Hands each NIC's tap to the proxy, which serves between them.
@@ -391,10 +416,10 @@ impl Receiver<'_> {
                 }
                 Message::Checkpoint { epoch } => self.checkpoint(conn, fo, epoch),
                 Message::DiskWrite(w) => journal(&self.replicas, &w),
-                other => Err(ColoError::Refused(format!(
-                    "unexpected {} from the primary",
-                    other.command().name()
-                ))),
+                other => Err(ColoError::Unexpected {
+                    got: other.command().name(),
+                    place: "from the primary",
+                }),
             };
             if let Err(e) = done {
                 return Ended::Lost(e.to_string());
@@ -454,8 +479,8 @@ impl Receiver<'_> {
             let main = incoming::read_checkpoint(conn, layout, 0, manifest, &mut journal);
             (main, pages.join())
         });
-        let (batches, n) = pages
-            .map_err(|_| ColoError::Refused("the page channels' thread panicked".into()))??;
+        let (batches, n) =
+            pages.map_err(|_| ColoError::Panicked("the page channels' thread"))??;
         let mut c = main?;
         c.batches.extend(batches);
         c.pages = c.pages.saturating_add(n);
@@ -478,8 +503,10 @@ impl Receiver<'_> {
         // Its guest is the primary's: so is its disk (its own writes go).
         for (i, r) in self.replicas.iter().enumerate() {
             if let Some(r) = r {
-                r.commit()
-                    .map_err(|e| ColoError::Refused(format!("disk {i}: {e}")))?;
+                r.commit().map_err(|source| ColoError::Journal {
+                    disk: i as u64,
+                    source,
+                })?;
             }
         }
         // The pages just written are the primary's, not this guest's.

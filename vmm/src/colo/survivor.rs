@@ -28,11 +28,11 @@ use replication::arbiter::Arbiter;
 use replication::failover::{Action, Failover, Role, State};
 
 use super::arbiter::Fence;
-use super::primary::{self, Ended};
+use super::pair::{self, Ended};
 use super::proxy::Proxy;
 use super::{Params, Side};
-use crate::exit::VmExit;
-use crate::vm::VmHandle;
+use crate::migrate::VmLink;
+use crate::vstate::exit::VmExit;
 
 /// The turn.
 const TURN: Duration = Duration::from_millis(50);
@@ -43,7 +43,7 @@ const ATTACH_WAIT: Duration = Duration::from_secs(5);
 
 /// See the module doc.
 pub struct Survivor<'a> {
-    vm: &'a VmHandle,
+    vm: &'a VmLink,
     side: Arc<Side>,
     fo: Failover,
     fence: Fence,
@@ -57,13 +57,13 @@ pub struct Survivor<'a> {
 
 impl<'a> Survivor<'a> {
     /// The survivor of the pair `ended`.
-    pub fn new(vm: &'a VmHandle, side: Arc<Side>, ended: Ended) -> Survivor<'a> {
+    pub fn new(vm: &'a VmLink, side: Arc<Side>, ended: Ended) -> Survivor<'a> {
         Self::with(vm, side, ended.fo, ended.fence, Some(ended.proxy))
     }
 
     /// A survivor in state `fo`, its output through `proxy` if any.
     pub fn with(
-        vm: &'a VmHandle,
+        vm: &'a VmLink,
         side: Arc<Side>,
         fo: Failover,
         fence: Fence,
@@ -128,7 +128,7 @@ impl<'a> Survivor<'a> {
         );
         self.side.renew(params);
         self.note = None;
-        match primary::protect(self.vm, params, &self.side, lease, true) {
+        match pair::protect(self.vm, params, &self.side, lease, true) {
             Ok(ended) => {
                 self.fo = ended.fo;
                 self.fence = ended.fence;

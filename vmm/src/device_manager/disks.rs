@@ -1,33 +1,44 @@
-//! The virtio-blk devices' parts (image opened and locked, the backend
-//! COLO needs, handler) and what the VM asks of a disk slot: its lock's
-//! hand-over, a flush, COLO's write log or replica.
+//! The virtio-blk devices' parts (image opened and locked, its backend,
+//! handler) and what the VM asks of a disk slot: its lock's hand-over, a
+//! flush, the record of its writes ([`DiskWrites`]).
 //!
 //! Built on the VMM thread with the other devices; the slot methods are
 //! called from the migration and COLO threads. A writable disk's backend
-//! is a [`Tracked`] image (its log off unless a COLO pair runs) on a
-//! VM that is not a COLO secondary, and a [`Replica`] on one.
+//! is a [`Tracked`] image (its log off unless a COLO pair runs), unless
+//! the layer above gives a [`WrapDisk`] (a COLO secondary's replica): the
+//! wiring names no feature's backend. Never does: read or write the
+//! image itself.
 
+use std::any::Any;
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 
+use devices::virtio::block::backend::DiskBackend;
 use devices::virtio::block::disk::DiskFile;
 use devices::virtio::block::handler::BlockHandler;
 use devices::virtio::block::tracked::{Tracked, WriteLog};
 use devices::virtio::block::{Block, BlockConfig};
 
 use super::{eventfd, DeviceError, Report, VirtioParts, VirtioSlot, Wiring};
-use crate::colo::replica::Replica;
 use crate::config::{self, DiskSpec};
 
-/// What COLO holds of a disk.
-pub enum ColoDisk {
+/// Serves a writable image through another backend (a COLO secondary's
+/// replica): returns the backend the device uses and what the layer above
+/// keeps of it ([`DiskWrites::Wrapped`]).
+pub type WrapDisk = fn(DiskFile) -> std::io::Result<(Arc<dyn DiskBackend>, KeptDisk)>;
+
+/// What the layer above keeps of a wrapped disk's backend.
+pub type KeptDisk = Arc<dyn Any + Send + Sync>;
+
+/// What the layer above (COLO) can read back of a disk's writes.
+pub enum DiskWrites {
     /// A read-only disk: nothing to replicate.
     None,
-    /// A primary's (any VM's but a secondary's): the log of what its guest
-    /// wrote, and the image to read that back from.
+    /// Any VM's but a COLO secondary's: the log of what its guest wrote,
+    /// and the image to read that back from.
     Tracked { log: Arc<WriteLog>, file: File },
-    /// A secondary's: journal, overlay, image.
-    Replica(Arc<Replica>),
+    /// The backend a [`WrapDisk`] made, for that layer to downcast.
+    Wrapped(KeptDisk),
 }
 
 impl VirtioSlot {
@@ -50,10 +61,10 @@ impl VirtioSlot {
         }
     }
 
-    /// What COLO holds of this disk (`None`: not a disk).
-    pub fn colo_disk(&self) -> Option<&ColoDisk> {
+    /// What is kept of this disk's writes (`None`: not a disk).
+    pub fn disk_writes(&self) -> Option<&DiskWrites> {
         match &self.report {
-            Report::Disk { colo, .. } => Some(colo),
+            Report::Disk { writes, .. } => Some(writes),
             _ => None,
         }
     }
@@ -61,13 +72,13 @@ impl VirtioSlot {
 
 /// A virtio-blk device on the image of `spec`.
 /// With `defer_lock` (a migration's destination) the image is opened
-/// without its lock, which is taken at the switch-over; with `replica` (a
-/// COLO secondary's) a writable image is served through a [`Replica`].
+/// without its lock, which is taken at the switch-over; with `wrap` (a
+/// COLO secondary's) a writable image is served through what it makes.
 pub(super) fn disk_parts(
     spec: &DiskSpec,
     w: Wiring,
     defer_lock: bool,
-    replica: bool,
+    wrap: Option<WrapDisk>,
 ) -> Result<VirtioParts, DeviceError> {
     let path = spec.path.display().to_string();
     let open = if defer_lock {
@@ -90,17 +101,20 @@ pub(super) fn disk_parts(
         source,
     };
     let config = BlockConfig::with_id(&id);
-    let (block, colo) = if spec.readonly {
-        (Block::new(config, file, evt), ColoDisk::None)
-    } else if replica {
-        let r = Arc::new(Replica::new(file).map_err(size_err)?);
-        (Block::shared(config, r.clone(), evt), ColoDisk::Replica(r))
+    let (block, writes) = if spec.readonly {
+        (Block::new(config, file, evt), DiskWrites::None)
+    } else if let Some(wrap) = wrap {
+        let (backend, kept) = wrap(file).map_err(size_err)?;
+        (
+            Block::shared(config, backend, evt),
+            DiskWrites::Wrapped(kept),
+        )
     } else {
         let read = file.file().try_clone().map_err(size_err)?;
         let (tracked, log) = Tracked::new(file);
         (
             Block::new(config, tracked, evt),
-            ColoDisk::Tracked { log, file: read },
+            DiskWrites::Tracked { log, file: read },
         )
     };
     let Some(queue_evt) = w.queue_evts.into_iter().next() else {
@@ -128,7 +142,7 @@ pub(super) fn disk_parts(
             readonly: spec.readonly,
             counters,
             backend: disk,
-            colo,
+            writes,
         },
     })
 }

@@ -20,7 +20,7 @@ use devices::Bus;
 
 use super::{AcpiPmPort, DeviceError, PciPort};
 use crate::boot::layout;
-use crate::exit::{ExitSignal, VmExit};
+use crate::vstate::exit::{ExitSignal, VmExit};
 
 /// Adds a PCI machine's PCI bus 0 (at 0xCF8, its BAR window and ECAM)
 /// and ACPI PM1a block to the buses. The PM1a block's S5 write powers the

@@ -19,13 +19,13 @@ use vm_memory::{Bytes, GuestAddress};
 use devices::GuestMemoryMmap;
 use migration::Manifest;
 
-use super::endpoint::{Conn, Endpoint, Listener};
-use super::transport::Transport;
-use super::MigrateError;
+use super::{MigrateError, Refusal};
 use crate::boot::layout;
-use crate::exit::VmExit;
+use crate::streams::endpoint::{Conn, Endpoint, Listener};
+use crate::streams::transport::Transport;
 use crate::vm::VmHandle;
-use crate::vm_state::VmState;
+use crate::vstate::exit::VmExit;
+use crate::vstate::vm_state::VmState;
 
 /// How long the destination waits for the next message once the source
 /// is connected.
@@ -79,8 +79,11 @@ impl Accepted {
     }
 
     /// Refuses the source, telling it why; returns the error for this side.
-    pub fn refuse(mut self, why: String) -> MigrateError {
-        refuse(&mut self.conn, why)
+    pub fn refuse(
+        mut self,
+        why: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> MigrateError {
+        refuse(&mut self.conn, Refusal::Here(why.into()))
     }
 }
 
@@ -181,11 +184,11 @@ fn receive(
     // The source released the disks' locks before it sent the state.
     if let Err(e) = vm.hold_disk_locks(true) {
         let _ = vm.hold_disk_locks(false);
-        return Err(refuse(&mut conn, e.to_string()));
+        return Err(refuse(&mut conn, e.into()));
     }
     if let Err(e) = vm.apply_state(&state) {
         let _ = vm.hold_disk_locks(false);
-        return Err(refuse(&mut conn, e.to_string()));
+        return Err(refuse(&mut conn, e.into()));
     }
     protocol::write_message(&mut conn, &Message::Ready)?;
     protocol::expect(&mut conn, Command::Go)?;
@@ -214,10 +217,10 @@ pub fn receive_guest<S: Read + Write>(
 /// The handshake and the source's manifest (its `Config`).
 fn receive_config<S: Read + Write>(conn: &mut S) -> Result<Manifest, MigrateError> {
     let hello = protocol::read_message(conn)
-        .map_err(|e| MigrateError::Refused(format!("not a tandem migration stream ({e})")))?;
+        .map_err(|e| MigrateError::Refused(Refusal::NotMigration(e)))?;
     protocol::check_hello(&hello)?;
     let Message::Config(theirs) = protocol::expect(conn, Command::Config)? else {
-        return Err(MigrateError::Refused("no Config".into()));
+        return Err(MigrateError::Refused(Refusal::NoConfig));
     };
     Ok(theirs)
 }
@@ -230,7 +233,7 @@ fn receive_checked<S: Read + Write>(
     mem: &GuestMemoryMmap,
 ) -> Result<(VmState, u64), MigrateError> {
     if let Err(e) = migration::check_compatible(theirs, ours) {
-        return Err(refuse(conn, format!("{e}")));
+        return Err(refuse(conn, e.into()));
     }
     protocol::write_message(conn, &Message::Accept)?;
     let layout = layout::ram_ranges(ours.mem_bytes);
@@ -255,13 +258,13 @@ fn receive_checked<S: Read + Write>(
     let checked = crate::snapshot::load_image_for(Cursor::new(image), "the migration stream", ours);
     match checked {
         Ok(r) => Ok((r.state, pages)),
-        Err(e) => Err(refuse(conn, e.to_string())),
+        Err(e) => Err(refuse(conn, e.into())),
     }
 }
 
 /// Tells the source why, and returns the error for this side.
-fn refuse<S: Write>(conn: &mut S, why: String) -> MigrateError {
-    let _ = protocol::write_message(conn, &Message::Abandon(why.clone()));
+fn refuse<S: Write>(conn: &mut S, why: Refusal) -> MigrateError {
+    let _ = protocol::write_message(conn, &Message::Abandon(why.to_string()));
     MigrateError::Refused(why)
 }
 

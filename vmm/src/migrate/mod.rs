@@ -1,28 +1,73 @@
 //! Live migration, the vmm's side: the migration thread that sends a
 //! running VM ([`source`]), the incoming side that receives one into a VM
-//! built paused ([`dest`]), the pages on the stream ([`pages`]), the
-//! addresses ([`endpoint`]) and the progress and report ([`status`]).
+//! built paused ([`dest`]), the pages on the stream ([`pages`]) and the
+//! progress and report ([`status`]). Its streams (addresses, TLS) are
+//! `crate::streams`, shared with COLO.
 //!
 //! The wire protocol itself (messages, framing, checks) is
 //! `migration::protocol`; the state the stream carries is the snapshot's
 //! (`snapshot::state_image`, checked by the same loader as a restore).
 
 pub mod dest;
-pub mod endpoint;
 pub mod inline;
 pub mod pages;
 pub mod source;
 pub mod status;
-pub mod tls;
-mod tls_pump;
-pub mod transport;
 
-pub use endpoint::Endpoint;
 pub use source::{Ended, Migration};
 pub use status::{Mode, Params, Phase, Status};
-pub use transport::Transport;
+
+use std::sync::Arc;
 
 use migration::protocol::ProtocolError;
+
+use crate::streams::Transport;
+use crate::vm::VmHandle;
+
+/// A VM with the streams it opens: what the migration thread and a COLO
+/// primary are given (the VM core knows no streams). Derefs to the VM.
+#[derive(Clone)]
+pub struct VmLink {
+    pub vm: VmHandle,
+    /// TLS or plain TCP, loaded once when the VM was built.
+    pub transport: Arc<Transport>,
+}
+
+impl VmLink {
+    /// How this VM's migration and COLO streams cross the network.
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+}
+
+impl std::ops::Deref for VmLink {
+    type Target = VmHandle;
+
+    fn deref(&self) -> &VmHandle {
+        &self.vm
+    }
+}
+
+/// Why the destination refuses a guest (also sent to the source, as its
+/// `Abandon` message).
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("not a tandem migration stream ({0})")]
+    NotMigration(#[source] ProtocolError),
+    #[error("no Config")]
+    NoConfig,
+    #[error(transparent)]
+    Incompatible(#[from] migration::manifest::CompatError),
+    #[error(transparent)]
+    State(#[from] crate::snapshot::SnapshotError),
+    /// Its disks' locks or its state could not be taken here.
+    #[error(transparent)]
+    Vm(#[from] crate::vm::VmOpError),
+    /// The VM to receive it could not be made here (its size or vCPU
+    /// count, this host's limits, the build).
+    #[error("{0}")]
+    Here(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
 
 /// Why a migration failed (on either side).
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +81,7 @@ pub enum MigrateError {
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
     #[error(transparent)]
-    Memory(#[from] crate::memory::MemoryError),
+    Memory(#[from] crate::vstate::memory::MemoryError),
     #[error("reading guest memory at {0:#x}: {1}")]
     Read(u64, #[source] vm_memory::GuestMemoryError),
     #[error("writing guest memory at {0:#x}: {1}")]
@@ -48,7 +93,7 @@ pub enum MigrateError {
     #[error("encoding the VM's state: {0}")]
     Encode(#[from] crate::snapshot::SaveError),
     #[error("the destination refuses this guest: {0}")]
-    Refused(String),
+    Refused(#[source] Refusal),
     #[error("cancelled")]
     Cancelled,
     #[error("not done after {0} s (--timeout-s)")]

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use migration::protocol::{self, MemoryBatch, Message, PageRange, BATCH_PAGES, BATCH_RANGES};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::endpoint::Conn;
 use super::inline::Slicer;
 use super::status::Params;
 use super::MigrateError;
-use crate::memory::{DirtyBitmap, GuestRam};
+use crate::streams::endpoint::Conn;
+use crate::vstate::memory::{DirtyBitmap, GuestRam};
 
 const PAGE: usize = protocol::PAGE_SIZE as usize;
 /// Bitmap words handled per KVM_CLEAR_DIRTY_LOG (256 pages).

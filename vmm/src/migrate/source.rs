@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 
 use migration::protocol::{self, Command, Message};
 
-use super::endpoint::{Conn, Endpoint};
 use super::inline::Slicer;
 use super::pages::{self, Sent, Stop};
 use super::status::{DowntimeParts, Mode, Params, Phase, Status};
 use super::MigrateError;
+use crate::streams::endpoint::{Conn, Endpoint};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::vm::VmHandle;
+use super::VmLink;
 
 /// Auto-converge: first throttle, step, and ceiling (QEMU's defaults).
 const THROTTLE_FIRST: u8 = 20;
@@ -94,7 +94,7 @@ impl Migration {
     /// Starts the migration thread for `vm` to `to`; it tells `ended`
     /// when it ends.
     pub fn start(
-        vm: VmHandle,
+        vm: VmLink,
         to: Endpoint,
         params: Params,
         ended: Arc<Ended>,
@@ -156,7 +156,7 @@ impl Drop for Migration {
 
 /// The thread's body: runs the migration and records its end.
 fn migrate(
-    vm: &VmHandle,
+    vm: &VmLink,
     to: &Endpoint,
     params: &Params,
     status: &Mutex<Status>,
@@ -208,7 +208,7 @@ fn migrate(
 /// since). Returns the stream, for the pair's heartbeats and checkpoints.
 /// On a failure the guest runs on here as after a failed migration.
 pub fn sync_keeping(
-    vm: &VmHandle,
+    vm: &VmLink,
     to: &Endpoint,
     params: &Params,
     status: &Mutex<Status>,
@@ -242,7 +242,7 @@ pub fn sync_keeping(
 }
 
 struct Run<'a> {
-    vm: &'a VmHandle,
+    vm: &'a VmLink,
     params: &'a Params,
     status: &'a Mutex<Status>,
     cancel: &'a AtomicBool,
@@ -262,7 +262,7 @@ struct Run<'a> {
 impl<'a> Run<'a> {
     /// A run that starts now; `keep`: COLO's initial sync.
     fn new(
-        vm: &'a VmHandle,
+        vm: &'a VmLink,
         params: &'a Params,
         status: &'a Mutex<Status>,
         cancel: &'a AtomicBool,
@@ -341,7 +341,7 @@ impl<'a> Run<'a> {
     fn precopy(
         &mut self,
         conn: &mut Conn,
-    ) -> Result<Vec<crate::memory::DirtyBitmap>, MigrateError> {
+    ) -> Result<Vec<crate::vstate::memory::DirtyBitmap>, MigrateError> {
         let ram = self.vm.ram();
         let mut round = 1;
         let (mut last_look, mut sent_at_look) = (self.started, self.sent.bytes());
@@ -424,7 +424,7 @@ impl<'a> Run<'a> {
     fn stop_and_copy(
         &mut self,
         conn: &mut Conn,
-        pending: Vec<crate::memory::DirtyBitmap>,
+        pending: Vec<crate::vstate::memory::DirtyBitmap>,
     ) -> Result<(), MigrateError> {
         self.check_going()?;
         // The device loop must reach its gate.
@@ -448,7 +448,7 @@ impl<'a> Run<'a> {
         let ram = self.vm.ram();
         let mut last = ram.dirty_pages()?;
         for (l, p) in last.iter_mut().zip(&pending) {
-            crate::memory::or_into(&mut l.bits, &p.bits);
+            crate::vstate::memory::or_into(&mut l.bits, &p.bits);
         }
         let progress = progress_to(self.status);
         let unsliced = Slicer::thread();

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::endpoint::Endpoint;
+use crate::streams::endpoint::Endpoint;
 
 /// Default downtime budget, ms.
 pub const DEFAULT_DOWNTIME_MS: u64 = 300;

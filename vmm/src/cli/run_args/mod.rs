@@ -82,7 +82,7 @@ pub enum RunArgsError {
     #[error("--tls-cert, --tls-key and --tls-ca go together, and not with --insecure")]
     TlsPartial,
     #[error("TLS: {0}")]
-    Tls(#[source] crate::migrate::tls::TlsError),
+    Tls(#[source] crate::streams::tls::TlsError),
 }
 
 /// What `tandem run` is given (see `tandem run --help`).
@@ -220,9 +220,9 @@ pub struct RunArgs {
     /// broken or refused stream ends tandem with one line and status 1;
     /// nothing of the guest ran here.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline", "restore"],
-          value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
+          value_parser = |s: &str| s.parse::<crate::streams::Endpoint>())]
     #[serde(default)]
-    pub incoming: Option<crate::migrate::Endpoint>,
+    pub incoming: Option<crate::streams::Endpoint>,
     /// Run as a COLO secondary: wait on --colo-listen ADDR for the
     /// primary's initial sync (`tandem ctl colo-start ADDR` on the running
     /// VM there), checked as an incoming migration is, then run the copy:
@@ -243,9 +243,9 @@ pub struct RunArgs {
     /// Where a COLO secondary waits for its primary (`tcp:HOST:PORT` or
     /// `unix:PATH`).
     #[arg(long, value_name = "ADDR", requires = "colo",
-          value_parser = |s: &str| s.parse::<crate::migrate::Endpoint>())]
+          value_parser = |s: &str| s.parse::<crate::streams::Endpoint>())]
     #[serde(default)]
-    pub colo_listen: Option<crate::migrate::Endpoint>,
+    pub colo_listen: Option<crate::streams::Endpoint>,
     /// The lease file the pair shares on this host (the side that serves
     /// holds an exclusive lock on it). Default: /tmp/tandem-colo-ADDR.lock
     /// after --colo-listen, what colo-start uses by default for the same
@@ -445,10 +445,15 @@ impl RunArgs {
 
     /// The streams' security: the TLS files loaded (all three or none),
     /// or plain TCP, off this host only with --insecure.
-    pub fn transport(&self) -> Result<crate::migrate::Transport, RunArgsError> {
+    pub fn transport(&self) -> Result<crate::streams::Transport, RunArgsError> {
+        crate::streams::Transport::from_config(&self.streams()?).map_err(RunArgsError::Tls)
+    }
+
+    /// The streams' security as data (the TLS files: all three or none).
+    pub fn streams(&self) -> Result<config::StreamsConfig, RunArgsError> {
         let files = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
             (None, None, None) => None,
-            (Some(cert), Some(key), Some(ca)) => Some(crate::migrate::tls::TlsFiles {
+            (Some(cert), Some(key), Some(ca)) => Some(config::TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 ca: ca.clone(),
@@ -458,7 +463,10 @@ impl RunArgs {
         if files.is_some() && self.insecure {
             return Err(RunArgsError::TlsPartial);
         }
-        crate::migrate::Transport::new(files.as_ref(), self.insecure).map_err(RunArgsError::Tls)
+        Ok(config::StreamsConfig {
+            tls: files,
+            insecure: self.insecure,
+        })
     }
 
     /// The options every VM takes whatever it starts from, checked and
@@ -466,7 +474,7 @@ impl RunArgs {
     /// a boot loads (its symbols are the profile's default).
     pub fn vm_options(&self, kernel: Option<&Path>) -> Result<VmOptions, RunArgsError> {
         let profile = self.profile(kernel)?;
-        let transport = self.transport()?;
+        let streams = self.streams()?;
         Ok(VmOptions {
             firmware: self.firmware.clone(),
             nets: self.nets.clone(),
@@ -474,7 +482,7 @@ impl RunArgs {
             metrics: self.metrics.clone(),
             api_sock: self.api_sock.clone(),
             profile,
-            transport,
+            streams,
         })
     }
 
@@ -526,8 +534,9 @@ pub struct VmOptions {
     pub metrics: Option<PathBuf>,
     pub api_sock: Option<PathBuf>,
     pub profile: ProfileConfig,
-    /// The streams' security (the listener of an incoming VM uses it too).
-    pub transport: crate::migrate::Transport,
+    /// The streams' security, as data (the builder loads the TLS files; the
+    /// listener of an incoming VM loads them before the build).
+    pub streams: config::StreamsConfig,
 }
 
 impl VmOptions {
@@ -547,7 +556,7 @@ impl VmOptions {
             metrics: self.metrics,
             api_sock: self.api_sock,
             profile: self.profile,
-            transport: self.transport,
+            streams: self.streams,
         }
     }
 }

@@ -206,8 +206,8 @@ pub fn apply(fd: &VcpuFd, s: &KvmVcpuState) -> Result<(), VcpuStateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpuid;
-    use crate::host::HostKind;
+    use crate::host_emu::cpuid;
+    use crate::host_emu::HostKind;
 
     /// Capture from one fresh vCPU and apply to another: every saved MSR
     /// must be writable, and the state must read back the same. Needs

@@ -36,21 +36,30 @@ pub enum Endpoint {
     Unix(PathBuf),
 }
 
-impl FromStr for Endpoint {
-    type Err = String;
+/// An address that is not `tcp:HOST:PORT` or `unix:PATH` (as given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadEndpoint {
+    #[error("'{0}': expected tcp:HOST:PORT")]
+    Tcp(String),
+    #[error("'{0}': expected tcp:HOST:PORT or unix:PATH")]
+    Other(String),
+}
 
-    fn from_str(s: &str) -> Result<Endpoint, String> {
+impl FromStr for Endpoint {
+    type Err = BadEndpoint;
+
+    fn from_str(s: &str) -> Result<Endpoint, BadEndpoint> {
         if let Some(addr) = s.strip_prefix("tcp:") {
             match addr.rsplit_once(':') {
                 Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
                     Ok(Endpoint::Tcp(addr.to_string()))
                 }
-                _ => Err(format!("'{s}': expected tcp:HOST:PORT")),
+                _ => Err(BadEndpoint::Tcp(s.to_string())),
             }
         } else if let Some(path) = s.strip_prefix("unix:").filter(|p| !p.is_empty()) {
             Ok(Endpoint::Unix(PathBuf::from(path)))
         } else {
-            Err(format!("'{s}': expected tcp:HOST:PORT or unix:PATH"))
+            Err(BadEndpoint::Other(s.to_string()))
         }
     }
 }
@@ -407,7 +416,7 @@ mod tests {
         }
     }
 
-    use crate::migrate::tls::testing::Pki;
+    use crate::streams::tls::testing::Pki;
     use sha2::{Digest, Sha256};
 
     const WAIT: Duration = Duration::from_secs(5);

@@ -5,7 +5,7 @@
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::Kvm;
 
-use crate::host::HostKind;
+use crate::host_emu::HostKind;
 
 const LEAF_FEATURES: u32 = 1;
 const LEAF_EXT_TOPOLOGY: u32 = 0xb;

@@ -9,8 +9,8 @@
 //! (owned here, ended by [`Vcpus::finish`]) kicks every vCPU every
 //! [`KICK_PERIOD`], so each runs at most its slice plus one period.
 //!
-//! Used from the VMM thread (the control API; later the migration and COLO
-//! threads, through the same lock). Never blocks a vCPU: a vCPU only ever
+//! Used from the VMM thread (the control API) and from the migration and
+//! COLO threads, through the same lock. Never blocks a vCPU: a vCPU only ever
 //! waits on its own channel; a vCPU that does not answer in time is an
 //! error here, never a hang.
 
@@ -22,7 +22,7 @@ use std::time::Duration;
 use migration::kvm::KvmVcpuState;
 
 use crate::pause::ThreadKick;
-use crate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply};
+use crate::vstate::vcpu::{VcpuError, VcpuEvent, VcpuHandle, VcpuReply};
 
 /// How long a vCPU may take to stop, resume or hand over its state.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -187,7 +187,7 @@ impl Vcpus {
     }
 
     /// Makes every vCPU run only (100 - `percent`)% of the time (0: off;
-    /// see [`crate::vcpu::THROTTLE_SLICE`]).
+    /// see [`crate::vstate::vcpu::THROTTLE_SLICE`]).
     pub fn throttle(&mut self, percent: u8) -> Result<(), VcpuError> {
         for h in &self.handles {
             h.send(VcpuEvent::Throttle(percent))?;

@@ -1,7 +1,7 @@
 //! Decodes the prefixes and the ModRM operand of an instruction KVM's
 //! emulator gave up on, and computes a memory operand's linear address:
 //! the part of x86 decoding the completions in `emulation` share
-//! (`emulation_fpu`'s control moves and `x87`'s arithmetic).
+//! (`fpu`'s control moves and `x87`'s arithmetic).
 //!
 //! 32- and 64-bit code only: 16-bit addressing (`[bx+si]`, disp16, or an
 //! address-size prefix outside 64-bit mode) is refused, as is anything
@@ -66,10 +66,10 @@ impl Decoded {
     }
 }
 
-/// Decodes `insn` as prefixes, a one-byte opcode or `0F xx`, and a ModRM
-/// operand, in 64-bit mode if `long`. None if cut short or 16-bit
-/// addressing.
-pub fn decode(insn: &[u8], long: bool) -> Option<Decoded> {
+/// The prefixes of `insn`: where the opcode starts, the segment override,
+/// 32-bit addressing in 64-bit mode, and the REX byte (0: none). None if
+/// cut short, too long or 16-bit addressing.
+fn prefixes(insn: &[u8], long: bool) -> Option<(usize, Option<Segment>, bool, u8)> {
     let mut at = 0;
     let mut seg = None;
     let mut addr32 = false;
@@ -99,6 +99,14 @@ pub fn decode(insn: &[u8], long: bool) -> Option<Decoded> {
             return None;
         }
     }
+    Some((at, seg, addr32, rex))
+}
+
+/// Decodes `insn` as prefixes, a one-byte opcode or `0F xx`, and a ModRM
+/// operand, in 64-bit mode if `long`. None if cut short or 16-bit
+/// addressing.
+pub fn decode(insn: &[u8], long: bool) -> Option<Decoded> {
+    let (at, seg, addr32, rex) = prefixes(insn, long)?;
     let (opcode, modrm_at) = match *insn.get(at)? {
         0x0f => ([0x0f, *insn.get(at + 1)?], at + 2),
         op => ([op, 0], at + 1),

@@ -1,12 +1,47 @@
-//! What kind of KVM this host has, and what a guest needs because of it.
+//! Host emulation: what kind of KVM this host has, and the workarounds a
+//! guest needs because of it, all in this folder.
 //!
 //! On hosts whose KVM is `kvm_pvm` (no VT-x/AMD-V: the guest kernel is run by
 //! KVM's instruction emulator) a stock Linux guest cannot boot as is. The
-//! adjustments live here and in `emulation` and `cpuid`, and apply only when
-//! [`HostKind::Emulated`] is detected, so behaviour on a host with hardware
-//! virtualization is unchanged.
+//! adjustments live here (the kernel parameters, [`HostKind`]), in
+//! [`cpuid`] (the CPUID the guest sees) and in [`emulation`] (instructions
+//! KVM's emulator gives up on, completed by tandem: [`fpu`]'s control moves,
+//! [`x87`]'s arithmetic on [`x87_float`]'s numbers, operands decoded by
+//! [`modrm`]). They apply only when [`HostKind::Emulated`] is detected: the
+//! emulator is entered only through [`internal_error`], behind that
+//! check, so behaviour on a host with hardware virtualization is unchanged.
+//!
+//! Runs on the VMM thread (detection, CPUID) and on each vCPU thread (the
+//! emulator, on that vCPU's exit). Never does: enter the emulator on a
+//! hardware host, or change guest state beyond the instruction at RIP.
 
 use std::path::Path;
+
+pub mod cpuid;
+pub mod emulation;
+pub mod fpu;
+pub mod modrm;
+pub mod x87;
+pub mod x87_float;
+
+/// The gate to the instruction emulator, on a vCPU's KVM internal error:
+/// on an emulated host (`host`: [`HostKind::probe`]'s answer, not the
+/// override's), [`emulation::handle_internal_error`] completes what
+/// it can; on a host with VT-x/AMD-V the emulator is never entered and the
+/// error is the vCPU's end.
+pub fn internal_error(
+    host: HostKind,
+    vcpu: &mut kvm_ioctls::VcpuFd,
+    mem: &devices::GuestMemoryMmap,
+    rom: Option<&crate::boot::firmware::Firmware>,
+) -> Result<(), emulation::EmulationError> {
+    match host {
+        HostKind::Emulated => emulation::handle_internal_error(vcpu, mem, rom),
+        HostKind::Hardware => Err(emulation::EmulationError::Hardware {
+            suberror: emulation::internal_suberror(vcpu),
+        }),
+    }
+}
 
 /// The kind of KVM this host runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +61,14 @@ impl HostKind {
             Ok("emulated") => return HostKind::Emulated,
             _ => {}
         }
+        HostKind::probe()
+    }
+
+    /// The host's own kind, whatever `TANDEM_HOST_KIND` says: what the
+    /// emulator's gate ([`internal_error`]) checks, so that it is never
+    /// entered on a host with VT-x/AMD-V (and still is on `kvm_pvm` when a
+    /// measurement overrides the kind to get the stock command line).
+    pub fn probe() -> HostKind {
         if Path::new("/sys/module/kvm_pvm").exists() {
             HostKind::Emulated
         } else {

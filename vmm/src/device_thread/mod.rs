@@ -4,8 +4,8 @@
 //! It parks at its own gate while the VM is paused (woken through an
 //! eventfd so that it reaches the gate at once) and ends when told to
 //! ([`DeviceThread::finish`] joins it). Between passes it lends its turn
-//! to an inline migration (`migrate::inline`), if one waits. Driven from the VMM thread (and
-//! later the migration and COLO threads, through the `Vm`). The loop
+//! to an inline migration ([`turns`]), if one waits. Driven from the VMM
+//! thread, and from the migration and COLO threads through the `Vm`. The loop
 //! never takes a lock a vCPU holds for long: each device has its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +17,10 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber, SubscriberOp
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device_manager::Subscribers;
-use crate::migrate::inline::{SharedTurns, Turns};
 use crate::pause::{Gate, PauseError};
+use turns::{SharedTurns, Turns};
+
+pub mod turns;
 
 /// How often the loop looks at its gate when idle.
 const TICK_MS: i32 = 100;

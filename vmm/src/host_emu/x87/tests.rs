@@ -82,7 +82,7 @@ fn decodes_what_compilers_emit() {
         decode(0xde, 0xd9, false),
         Some(Op::Compare { pops: 2, .. })
     ));
-    // Not completed here: FLDCW (emulation_fpu's), FSTENV, FSIN, FBLD.
+    // Not completed here: FLDCW (fpu's), FSTENV, FSIN, FBLD.
     for (op, m, mem) in [
         (0xd9, 0x28, true),
         (0xd9, 0x30, true),

@@ -19,7 +19,7 @@
 //! refused (`None`), and the caller stops the VM rather than compute
 //! something the guest did not ask for. Must never panic on any input.
 
-use crate::x87_float::{Ext, Round};
+use crate::host_emu::x87_float::{Ext, Round};
 
 /// FSW bits.
 const IE: u16 = 1;
@@ -178,7 +178,7 @@ impl Op {
 
 /// Decodes an x87 escape (`opcode` D8-DF) with its ModRM byte; `mem` says
 /// whether ModRM names memory (mod != 3). None for what is not completed
-/// here (the control moves are `emulation_fpu`'s).
+/// here (the control moves are `fpu`'s).
 pub fn decode(opcode: u8, modrm: u8, mem: bool) -> Option<Op> {
     let reg = (modrm >> 3) & 7;
     let i = modrm & 7;

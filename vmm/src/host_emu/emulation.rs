@@ -9,7 +9,7 @@
 //! | `CC`    | INT3        | RIP += 1, inject #BP (a trap: the frame points past it) |
 //! | `0F 0B` | UD2         | inject #UD at RIP (BUG()/WARN() use it)           |
 //! | `9B`    | FWAIT       | RIP += 1 (no x87 exception can be pending)        |
-//! | `D9 /5`, `D9 /7`, `0F AE /2`, `0F AE /3` | FLDCW, FNSTCW, LDMXCSR, STMXCSR | the control register moved through `KVM_GET/SET_FPU` (`emulation_fpu`), RIP past it |
+//! | `D9 /5`, `D9 /7`, `0F AE /2`, `0F AE /3` | FLDCW, FNSTCW, LDMXCSR, STMXCSR | the control register moved through `KVM_GET/SET_FPU` (`fpu`), RIP past it |
 //! | `D8`-`DF` | x87 loads, stores, arithmetic, compares (`x87`) | executed on the register file from `KVM_GET_FPU`, the memory operand read or written, `KVM_SET_FPU`, RIP past it |
 //!
 //! Anything else is fatal: the caller stops the VM with the registers and the
@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use devices::GuestMemoryMmap;
 
 use crate::boot::firmware::Firmware;
-use crate::emulation_fpu::{self, FpuInsn, FpuOp};
-use crate::emulation_modrm::{self, Decoded, Operand};
-use crate::x87::{self, X87};
+use crate::host_emu::fpu::{self, FpuInsn, FpuOp};
+use crate::host_emu::modrm::{self, Decoded, Operand};
+use crate::host_emu::x87::{self, X87};
 use kvm_bindings::{kvm_regs, kvm_sregs, KVM_INTERNAL_ERROR_EMULATION};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
@@ -78,6 +78,8 @@ pub fn counts() -> serde_json::Value {
 pub enum EmulationError {
     #[error("KVM internal error (suberror {suberror}) at {state}")]
     NotEmulation { suberror: u32, state: String },
+    #[error("KVM internal error (suberror {suberror}) on a host with hardware virtualization")]
+    Hardware { suberror: u32 },
     #[error("emulation failure on an instruction tandem does not complete, at {state}")]
     Unsupported { state: String },
     #[error("cannot read or change vCPU state after an emulation failure: {0}")]
@@ -89,7 +91,7 @@ pub enum EmulationError {
 pub enum Completion {
     /// Advance RIP by this many bytes and inject this exception vector, if any.
     Complete { advance: u64, inject: Option<u8> },
-    /// Move an FPU control register from or to memory (`emulation_fpu`).
+    /// Move an FPU control register from or to memory (`fpu`).
     Fpu(FpuInsn),
     /// An x87 instruction (`x87`).
     X87(x87::Op, Decoded),
@@ -114,10 +116,10 @@ pub fn decide(insn: &[u8], long: bool) -> Completion {
             inject: None,
         },
         _ => {
-            if let Some(f) = emulation_fpu::decode(insn, long) {
+            if let Some(f) = fpu::decode(insn, long) {
                 return Completion::Fpu(f);
             }
-            let Some(d) = emulation_modrm::decode(insn, long) else {
+            let Some(d) = modrm::decode(insn, long) else {
                 return Completion::Unsupported;
             };
             let escape = d.opcode[0];
@@ -130,6 +132,15 @@ pub fn decide(insn: &[u8], long: bool) -> Completion {
     }
 }
 
+/// The suberror of the KVM internal error `vcpu` just exited with (called
+/// on that exit only; on another, a meaningless number).
+pub fn internal_suberror(vcpu: &mut VcpuFd) -> u32 {
+    // SAFETY: the union's members are plain integers, so any bit pattern is
+    // a valid value; on KVM_EXIT_INTERNAL_ERROR the kernel filled the
+    // `internal` member that is read here.
+    unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror }
+}
+
 /// Handles a `KVM_EXIT_INTERNAL_ERROR` on `vcpu`: completes the instruction
 /// and returns Ok, or returns an error describing the vCPU state.
 pub fn handle_internal_error(
@@ -137,9 +148,7 @@ pub fn handle_internal_error(
     mem: &GuestMemoryMmap,
     rom: Option<&Firmware>,
 ) -> Result<(), EmulationError> {
-    // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so the kernel filled
-    // the `internal` member of the union; we only read plain integers.
-    let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+    let suberror = internal_suberror(vcpu);
     let mut regs = vcpu.get_regs()?;
     let sregs = vcpu.get_sregs()?;
     let insn = read_insn(vcpu, mem, rom, &sregs, regs.rip);
@@ -250,7 +259,7 @@ fn operand_address(d: &Decoded, regs: &kvm_regs, sregs: &kvm_sregs) -> Option<u6
         return None;
     }
     match d.operand {
-        Operand::Mem(m) => Some(emulation_modrm::address(d, &m, regs, sregs, long)),
+        Operand::Mem(m) => Some(modrm::address(d, &m, regs, sregs, long)),
         Operand::Reg(_) => None,
     }
 }
@@ -458,7 +467,7 @@ mod tests {
                 inject: None
             }
         );
-        // The FPU control moves (forms in emulation_fpu's tests).
+        // The FPU control moves (forms in fpu's tests).
         assert!(matches!(
             decide_64(&[0x0f, 0xae, 0x59, 0x50]),
             Completion::Fpu(_)

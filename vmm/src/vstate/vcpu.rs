@@ -26,12 +26,12 @@ use devices::{Bus, GuestMemoryMmap};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use migration::kvm::KvmVcpuState;
 
-use crate::emulation;
-use crate::exit::{ExitSignal, VmExit};
-use crate::exit_counts::{ExitCounts, Kind};
+use crate::host_emu::{self, HostKind};
 use crate::pause::{self, ThreadKick};
 use crate::profile::Profiler;
-use crate::vcpu_state::{self, VcpuStateError};
+use crate::vstate::exit::{ExitSignal, VmExit};
+use crate::vstate::exit_counts::{ExitCounts, Kind};
+use crate::vstate::vcpu_state::{self, VcpuStateError};
 
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;
@@ -100,6 +100,9 @@ pub struct Vcpu {
     /// The firmware image (`--firmware`), read-only guest memory outside
     /// `mem`, where instructions may have to be read too.
     pub rom: Option<Arc<crate::boot::firmware::Firmware>>,
+    /// The host's own kind ([`HostKind::probe`]): the instruction emulator
+    /// is entered only on an emulated host (`host_emu::internal_error`).
+    pub host: HostKind,
     pub exit: Arc<ExitSignal>,
     pub profiler: Arc<Profiler>,
     pub exits: Arc<ExitCounts>,
@@ -315,7 +318,8 @@ impl Vcpu {
             }
             Ok(VcpuExit::InternalError) => {
                 exits.count(Kind::InternalError);
-                if let Err(e) = emulation::handle_internal_error(&mut self.fd, &self.mem, self.rom.as_deref()) {
+                let rom = self.rom.as_deref();
+                if let Err(e) = host_emu::internal_error(self.host, &mut self.fd, &self.mem, rom) {
                     return Some(VmExit::Fatal(format!("vCPU {}: {e}", self.id)));
                 }
             }

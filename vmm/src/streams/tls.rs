@@ -38,16 +38,7 @@ use rustls::{
 
 use super::tls_pump;
 
-/// The PEM files one side uses, in both roles.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// This host's certificate chain (its own first).
-    pub cert: PathBuf,
-    /// Its private key (PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
-    /// The CA that signed the peer's certificate.
-    pub ca: PathBuf,
-}
+pub use crate::config::TlsFiles;
 
 /// Why the TLS files could not be used.
 #[derive(Debug, thiserror::Error)]

@@ -20,6 +20,15 @@ use std::time::Duration;
 use super::endpoint::{Conn, Endpoint, Listener};
 use super::tls::{Tls, TlsError, TlsFiles};
 
+/// A plain stream to or from an address off this host, refused by
+/// [`Transport::check`] (the address as the user gave it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0} is off this host and this VMM has no TLS identity: start tandem with \
+     --tls-cert, --tls-key and --tls-ca (or --insecure for plain TCP)"
+)]
+pub struct PlainOffHost(pub String);
+
 /// This VMM's streams' security, fixed at start.
 #[derive(Clone, Debug, Default)]
 pub struct Transport {
@@ -37,6 +46,11 @@ impl Transport {
         })
     }
 
+    /// [`Transport::new`] from the configuration's data.
+    pub fn from_config(c: &crate::config::StreamsConfig) -> Result<Transport, TlsError> {
+        Transport::new(c.tls.as_ref(), c.insecure)
+    }
+
     /// Whether streams over TCP are TLS.
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()
@@ -52,14 +66,11 @@ impl Transport {
 
     /// Refuses a plain stream to or from `at` off this host, unless
     /// `--insecure`; says what to give instead.
-    pub fn check(&self, at: &Endpoint) -> Result<(), String> {
+    pub fn check(&self, at: &Endpoint) -> Result<(), PlainOffHost> {
         if self.tls.is_some() || self.insecure || !at.needs_tls() {
             return Ok(());
         }
-        Err(format!(
-            "{at} is off this host and this VMM has no TLS identity: start tandem with \
-             --tls-cert, --tls-key and --tls-ca (or --insecure for plain TCP)"
-        ))
+        Err(PlainOffHost(at.to_string()))
     }
 
     /// Connects to `to` (at most `timeout`, and as long again for the
@@ -102,6 +113,7 @@ mod tests {
         assert!(plain.check(&ep("tcp:localhost:4444")).is_ok());
         assert!(plain.check(&ep("unix:/tmp/x.sock")).is_ok());
         let e = plain.check(&ep("tcp:10.1.2.3:4444")).unwrap_err();
+        let e = e.to_string();
         assert!(e.contains("--tls-cert") && e.contains("--insecure"), "{e}");
         let err = plain
             .listen(&ep("tcp:0.0.0.0:0"))

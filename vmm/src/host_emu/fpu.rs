@@ -4,11 +4,11 @@
 //! m32 (`0F AE /3`). Firmware uses them (OVMF's SEC and PEI phases, e.g. in
 //! SetJump); a Linux guest here does not reach them in its kernel.
 //!
-//! Recognition only: the operand is decoded by `emulation_modrm` (32- and
+//! Recognition only: the operand is decoded by `modrm` (32- and
 //! 64-bit code, any memory form); a register operand is not one of these
 //! instructions. Runs on the vCPU's thread, after the exit; pure.
 
-use crate::emulation_modrm::{self, Decoded, Operand};
+use crate::host_emu::modrm::{self, Decoded, Operand};
 
 /// Which register moves, and which way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct FpuInsn {
 
 /// Decodes `insn` (in 64-bit mode if `long`) if it is one of ours.
 pub fn decode(insn: &[u8], long: bool) -> Option<FpuInsn> {
-    let decoded = emulation_modrm::decode(insn, long)?;
+    let decoded = modrm::decode(insn, long)?;
     if !matches!(decoded.operand, Operand::Mem(_)) {
         return None;
     }
@@ -59,7 +59,7 @@ pub fn decode(insn: &[u8], long: bool) -> Option<FpuInsn> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::emulation_modrm::Mem;
+    use crate::host_emu::modrm::Mem;
 
     fn mem(i: &FpuInsn) -> Mem {
         match i.decoded.operand {

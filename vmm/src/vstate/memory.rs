@@ -14,7 +14,7 @@
 //!   wrote through vm-memory (RX buffers, used rings, disk reads), which
 //!   KVM never sees. Reading it resets it.
 //!
-//! Shared (`Arc`) by the VMM thread and, later, the migration thread: every
+//! Shared (`Arc`) by the VMM thread, the migration and COLO threads: every
 //! method takes `&self`; only the logging flag and the slot flags change, under
 //! one lock, and nothing here ever blocks a vCPU (KVM's log is read by ioctl
 //! while the guest runs).
