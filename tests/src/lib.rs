@@ -50,7 +50,7 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// Whether tandem treats this host as emulated (`kvm_pvm`, or
-/// `TANDEM_HOST_KIND=emulated`): the rule of `vmm/src/host.rs`.
+/// `TANDEM_HOST_KIND=emulated`): the rule of `vmm/src/host_emu/mod.rs`.
 pub fn host_is_emulated() -> bool {
     match std::env::var("TANDEM_HOST_KIND").as_deref() {
         Ok("hardware") => false,

@@ -103,10 +103,10 @@ impl HostKind {
     ///   fault is such a window): 156 of 200 loads came back with zeros in
     ///   a two-task check here, and a freshly started `sha256sum` printed
     ///   zero bytes in 2 of 8 runs of the snapshot test. Programs that use
-    ///   AVX by themselves are not covered (README, known issues).
+    ///   AVX by themselves are not covered (docs/host-kvm.md).
     ///
     /// Not appended: `tandem_pte_flush` (patch `resources/kernel/0002-*.patch`),
-    /// an opt-in mitigation for the host fault in the README's known issues;
+    /// an opt-in mitigation for the host fault in docs/host-kvm.md;
     /// it did not change the measured rate, so it costs nothing by default.
     pub fn guest_params(self) -> &'static str {
         match self {
