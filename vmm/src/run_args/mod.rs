@@ -134,9 +134,9 @@ pub struct RunArgs {
     /// Kernel command line. Parameters this host's KVM needs are appended;
     /// on the legacy machine (no ACPI, no PCI) a kernel boot also gets
     /// "acpi=off pci=off", so that it does not look for them (a line with
-    /// its own acpi= or pci= keeps it). Default: "console=ttyS0 reboot=k panic=1", with "quiet" on hosts
-    /// whose KVM emulates the guest kernel (printing the boot log there
-    /// costs seconds).
+    /// its own acpi= or pci= keeps it). Default: "console=ttyS0 reboot=k
+    /// panic=1", with "quiet" on hosts whose KVM emulates the guest kernel
+    /// (printing the boot log there costs seconds).
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
     /// Guest memory: a number with K, M, G or T (a plain number is MiB).
