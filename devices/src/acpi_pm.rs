@@ -7,10 +7,15 @@
 //! 5). That write is the only thing this block acts on: it calls the VMM's
 //! power-off hook once. No fixed event ever happens (the FADT says there
 //! are no fixed power or sleep buttons, no PM timer, and the RTC's
-//! interrupts are not emulated), so the status and enable registers read
-//! 0 and ignore writes, and the control register reads SCI_EN alone (the
-//! machine is always in ACPI mode; the FADT has no SMI command port): the
-//! block holds no state a snapshot would need. Other sleep states are not
+//! interrupts are not emulated), so the status register reads 0 and
+//! ignores writes, and the control register reads SCI_EN alone (the
+//! machine is always in ACPI mode; the FADT has no SMI command port). The
+//! enable register keeps the event bits the guest writes, as the hardware
+//! register does: ACPICA reads an enable bit back after setting it and
+//! logs "Could not enable ... event" at error level when it did not stick
+//! (Linux enables the global lock's and the RTC's at boot). Those bits
+//! gate no event, so a snapshot does not carry them: after a restore they
+//! read 0 until the guest writes them again. Other sleep states are not
 //! offered in the DSDT: a
 //! write asking for one is ignored and counted, as is any access that
 //! makes no sense. Driven by whichever vCPU thread exits on the ports; it
@@ -28,7 +33,11 @@ pub const PM1_CNT_LEN: u8 = 2;
 /// `SLP_TYPx` of S5 (soft off), as the DSDT's `\_S5_` names it.
 pub const S5_SLEEP_TYPE: u8 = 5;
 
+const ENABLE: u64 = 2;
 const CONTROL: u64 = 4;
+/// PM1_EN's defined bits: TMR_EN, GBL_EN, PWRBTN_EN, SLPBTN_EN, RTC_EN,
+/// PCIEXP_WAKE_DIS (ACPI 6.5, table 4.13); the reserved ones read 0.
+const ENABLE_BITS: u16 = 1 | 1 << 5 | 1 << 8 | 1 << 9 | 1 << 10 | 1 << 14;
 const SCI_EN: u16 = 1;
 const SLP_EN: u16 = 1 << 13;
 const SLP_TYP_SHIFT: u16 = 10;
@@ -37,6 +46,7 @@ const SLP_TYP_MASK: u16 = 0x7;
 /// The registers; `power_off` runs (once) when the guest enters S5.
 pub struct AcpiPm {
     power_off: Option<Box<dyn FnOnce() + Send>>,
+    enable: u16,
     ignored: u64,
 }
 
@@ -45,6 +55,7 @@ impl AcpiPm {
     pub fn new(power_off: Box<dyn FnOnce() + Send>) -> AcpiPm {
         AcpiPm {
             power_off: Some(power_off),
+            enable: 0,
             ignored: 0,
         }
     }
@@ -94,7 +105,11 @@ impl BusDevice for AcpiPm {
         let Some((reg, byte)) = self.register(offset, data.len()) else {
             return;
         };
-        let v = if reg == CONTROL { SCI_EN } else { 0 };
+        let v = match reg {
+            CONTROL => SCI_EN,
+            ENABLE => self.enable,
+            _ => 0,
+        };
         data.copy_from_slice(&v.to_le_bytes()[byte..byte + data.len()]);
     }
 
@@ -102,16 +117,22 @@ impl BusDevice for AcpiPm {
         let Some((reg, byte)) = self.register(offset, data.len()) else {
             return;
         };
-        if reg != CONTROL {
-            // Status (write 1 to clear) and enable: nothing to clear or
-            // enable.
-            return;
+        match reg {
+            ENABLE => {
+                let mut b = self.enable.to_le_bytes();
+                b[byte..byte + data.len()].copy_from_slice(data);
+                self.enable = u16::from_le_bytes(b) & ENABLE_BITS;
+            }
+            CONTROL => {
+                // SLP_TYP and SLP_EN are both in the high byte: a byte
+                // write there says all of it.
+                let mut b = [0u8; 2];
+                b[byte..byte + data.len()].copy_from_slice(data);
+                self.control_written(u16::from_le_bytes(b));
+            }
+            // Status (write 1 to clear): nothing to clear.
+            _ => {}
         }
-        // SLP_TYP and SLP_EN are both in the high byte: a byte write there
-        // says all of it.
-        let mut b = [0u8; 2];
-        b[byte..byte + data.len()].copy_from_slice(data);
-        self.control_written(u16::from_le_bytes(b));
     }
 }
 
@@ -120,8 +141,6 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
-
-    const ENABLE: u64 = 2;
 
     fn block() -> (AcpiPm, Arc<AtomicU32>) {
         let calls = Arc::new(AtomicU32::new(0));
@@ -171,7 +190,15 @@ mod tests {
         let mut v = [0xffu8; 2];
         pm.read(CONTROL, &mut v);
         assert_eq!(u16::from_le_bytes(v), SCI_EN);
+        // Enable keeps its defined bits (what ACPICA reads back), by
+        // bytes too; reserved bits read 0.
         pm.write(ENABLE, &[0x21, 0x01]);
+        pm.read(ENABLE, &mut v);
+        assert_eq!(v, [0x21, 0x01]);
+        pm.write(ENABLE + 1, &[0xff]);
+        pm.read(ENABLE, &mut v);
+        assert_eq!(u16::from_le_bytes(v), 0x21 | 0x4700);
+        pm.write(ENABLE, &[0; 2]);
         pm.read(ENABLE, &mut v);
         assert_eq!(v, [0, 0]);
         pm.write(0, &[0xff, 0xff]); // status: write-1-to-clear

@@ -185,6 +185,9 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     vm.wait_ready();
     vm.remove_on_drop(snap.clone());
     phase("pci: booted");
+    // ACPI's fixed events enable (PM1a_EN keeps its bits), PCI is found:
+    // nothing at error level in the kernel's log.
+    vm.assert_clean_boot();
     assert_eq!(vm.ok("nproc", CMD), "2");
     acpi(&mut vm);
     host_bridge_and_fw_cfg(&mut vm);

@@ -66,6 +66,34 @@ pub fn effective_cmdline(user: &str, host: HostKind) -> String {
     out.join(" ")
 }
 
+/// What a kernel that tandem boots directly on the legacy machine is told
+/// of that machine, after the host's parameters: it has no ACPI tables
+/// (its CPUs and IOAPIC are in the MP table) and no PCI (its virtio
+/// devices are on virtio-mmio, announced on the command line), so the
+/// kernel does not look for them. Looking, it logs errors: "ACPI BIOS
+/// Error (bug): A valid RSDP was not found" and "PCI: Fatal: No config
+/// space access function found" (the guest kernel's patch
+/// `resources/kernel/0004-*` makes the latter an info line under
+/// `pci=off`). A firmware boot gets none (the firmware writes its own
+/// tables), nor does the PCI machine; a user's own `acpi=` or `pci=` wins.
+/// Only new boots get them: a restored or migrated guest keeps the command
+/// line it booted with.
+fn machine_params(user: &str, machine: Machine) -> String {
+    if machine != Machine::Legacy {
+        return String::new();
+    }
+    ["acpi=off", "pci=off"]
+        .iter()
+        .filter(|p| {
+            let key = p.split('=').next().unwrap_or(p);
+            !user
+                .split_whitespace()
+                .any(|u| u.split('=').next() == Some(key))
+        })
+        .map(|p| format!(" {p}"))
+        .collect()
+}
+
 /// How the guest starts.
 pub enum Start {
     /// Load the kernel and boot it.
@@ -234,7 +262,11 @@ fn load_kernel(
     announce: &str,
     mem: &GuestMemoryMmap,
 ) -> Result<u64, VmError> {
-    let cmdline = format!("{}{announce}", effective_cmdline(&cfg.cmdline, host));
+    let cmdline = format!(
+        "{}{}{announce}",
+        effective_cmdline(&cfg.cmdline, host),
+        machine_params(&cfg.cmdline, cfg.machine)
+    );
     log::info!("host: {host:?}; kernel command line: {cmdline}");
     let info = boot::load(
         mem,
@@ -332,5 +364,18 @@ mod tests {
             e,
             "nothing appended twice"
         );
+    }
+
+    #[test]
+    fn the_legacy_machine_tells_its_kernel_it_has_no_acpi_and_no_pci() {
+        let user = "console=ttyS0 quiet";
+        assert_eq!(machine_params(user, Machine::Legacy), " acpi=off pci=off");
+        assert_eq!(machine_params(user, Machine::Pci), "");
+        // The user's own choice stays the only one.
+        assert_eq!(
+            machine_params("console=ttyS0 acpi=force", Machine::Legacy),
+            " pci=off"
+        );
+        assert_eq!(machine_params("pci=conf1 acpi=off", Machine::Legacy), "");
     }
 }

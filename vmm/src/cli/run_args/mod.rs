@@ -128,10 +128,12 @@ pub struct RunArgs {
     /// Initial ramdisk (uncompressed cpio boots fastest).
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
-    /// Kernel command line. Parameters this host's KVM needs are appended.
-    /// Default: "console=ttyS0 reboot=k panic=1", with "quiet" on hosts
-    /// whose KVM emulates the guest kernel (printing the boot log there
-    /// costs seconds).
+    /// Kernel command line. Parameters this host's KVM needs are appended;
+    /// on the legacy machine (no ACPI, no PCI) a kernel boot also gets
+    /// "acpi=off pci=off", so that it does not look for them (a line with
+    /// its own acpi= or pci= keeps it). Default: "console=ttyS0 reboot=k
+    /// panic=1", with "quiet" on hosts whose KVM emulates the guest kernel
+    /// (printing the boot log there costs seconds).
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
     /// Guest memory: a number with K, M, G or T (a plain number is MiB).
@@ -141,7 +143,9 @@ pub struct RunArgs {
     #[serde(default, deserialize_with = "file::mem")]
     pub mem: Option<u64>,
     /// Print the kernel command line the guest would get (with what this
-    /// host needs appended) and exit.
+    /// host needs appended) and exit. What the machine adds at boot is not
+    /// in it: the virtio_mmio.device= announcements and, on the legacy
+    /// machine, "acpi=off pci=off".
     #[arg(long)]
     #[serde(skip)]
     pub print_cmdline: bool,
