@@ -457,7 +457,8 @@ fn host_bridge_and_fw_cfg(vm: &mut TestVm) {
     );
     assert_eq!(sizes.split_whitespace().collect::<Vec<_>>(), ["0", "20"]);
     let e820 = vm.ok(&format!("od -An -tx1 -v {fw}/by_name/etc/e820/raw"), CMD);
-    let want = "00 00 00 00 00 00 00 00 00 00 00 08 00 00 00 00 01 00 00 00";
+    // One RAM entry: address 0, the guest's 192 MiB (0x0c000000), type 1.
+    let want = "00 00 00 00 00 00 00 00 00 00 00 0c 00 00 00 00 01 00 00 00";
     assert_eq!(e820.split_whitespace().collect::<Vec<_>>().join(" "), want);
 }
 
