@@ -38,26 +38,33 @@ const ABOVE_CORE: &[&str] = &[
     "streams", "migrate", "colo", "api", "control", "cli", "builder", "vm_loop",
 ];
 
+/// The module(s) named right after a path's root at `at` (one name, or
+/// each head of a `{…}` group), each with its line; a single name is
+/// placed on the line of the path's start `from`.
+fn heads_at(text: &str, at: usize, from: usize, found: &mut Vec<(usize, String)>) {
+    let line_of = |i: usize| text[..i].matches('\n').count() + 1;
+    if text[at..].starts_with('{') {
+        for (off, name) in group_heads(&text[at..]) {
+            found.push((line_of(at + off), name));
+        }
+    } else if let Some(name) = ident_at(&text[at..]) {
+        found.push((line_of(from), name));
+    }
+}
+
 /// Top-level modules that `path` (a file's text) names, with the line of
 /// each mention. `depth`: how deep the file's module is (`a.rs` and
 /// `a/mod.rs`: 1, `a/b.rs`: 2), for `super::` escapes.
 fn named_modules(text: &str, depth: usize) -> Vec<(usize, String)> {
     let mut found = Vec::new();
     let bytes = text.as_bytes();
-    let line_of = |at: usize| text[..at].matches('\n').count() + 1;
     let mut i = 0;
     while i < text.len() {
         let rest = &text[i..];
         let prev_ok = i == 0 || !is_ident(bytes[i - 1]) && bytes[i - 1] != b':';
         if prev_ok && rest.starts_with("crate::") {
             let after = i + "crate::".len();
-            if text[after..].starts_with('{') {
-                for (off, name) in group_heads(&text[after..]) {
-                    found.push((line_of(after + off), name));
-                }
-            } else if let Some(name) = ident_at(&text[after..]) {
-                found.push((line_of(i), name));
-            }
+            heads_at(text, after, i, &mut found);
             i = after;
             continue;
         }
@@ -70,13 +77,7 @@ fn named_modules(text: &str, depth: usize) -> Vec<(usize, String)> {
             }
             // From a file's module, `depth` supers reach the crate root.
             if k >= depth {
-                if text[at..].starts_with('{') {
-                    for (off, name) in group_heads(&text[at..]) {
-                        found.push((line_of(at + off), name));
-                    }
-                } else if let Some(name) = ident_at(&text[at..]) {
-                    found.push((line_of(i), name));
-                }
+                heads_at(text, at, i, &mut found);
             }
             i = at;
             continue;
