@@ -157,6 +157,44 @@ def traffic_figures(args, prefix, conns, res):
         res[f"{prefix}_errors"] = errs[:3]
 
 
+def stages(prim, sec):
+    """Where the pair's frames spent their time: the primary's compare
+    (held until matched or released by a checkpoint, and by which reason),
+    both proxies' stages, mismatches by protocol."""
+    c = prim.get("compare") or {}
+    return {"holds": prim.get("holds"), "primary": prim.get("stages"),
+            "secondary": sec.get("stages"),
+            "released": {k: c.get(k) for k in ("matched", "passed_through",
+                                              "released_at_checkpoint")},
+            "mismatched_by": c.get("mismatched_by"),
+            "proxies": {"primary": prim.get("proxy"), "secondary": sec.get("proxy")},
+            "checkpoints_by_reason": (prim.get("checkpoints") or {}).get("by_reason")}
+
+
+def stage_lines(st):
+    """The stage table of one run, as lines."""
+    def h(x):
+        if not x or not x.get("count"):
+            return "-"
+        return (f"n {x['count']}, mean {x['mean_ms']:.2f}, p50 {x['p50_ms']:.2f}, "
+                f"p99 {x['p99_ms']:.2f}, max {x['max_ms']:.1f} ms")
+    out = []
+    holds = st.get("holds") or {}
+    for side in ("primary", "secondary"):
+        for k, v in (st.get(side) or {}).items():
+            if v and v.get("count"):
+                out.append(f"{side} {k}: {h(v)}")
+    out.append(f"held until matched: {h(holds.get('matched'))}")
+    out.append(f"held until a checkpoint: {h(holds.get('checkpoint'))}")
+    out.append(f"released: {st.get('released')}, at checkpoints by reason: "
+               f"{holds.get('checkpoint_by_reason')}")
+    out.append(f"released at checkpoints by protocol: {holds.get('checkpoint_by_protocol')}")
+    out.append(f"proxies: {st.get('proxies')}")
+    out.append(f"mismatches by protocol: {st.get('mismatched_by')}; checkpoints by reason: "
+               f"{st.get('checkpoints_by_reason')}")
+    return out
+
+
 def one(args, snap, tmp, n):
     """One pair: the guest alone, then its checkpoints, traffic through it
     and its failover."""
@@ -164,11 +202,16 @@ def one(args, snap, tmp, n):
     try:
         res = {}
         traffic_figures(args, "alone", 1, res)
-        pair.start()
+        pair.start(*([] if args.compare_timeout_ms is None
+                     else ["--compare-timeout-ms", str(args.compare_timeout_ms)]))
         t0 = time.monotonic()
         time.sleep(args.seconds)
         traffic_figures(args, "pair", 1, res)
         st = pair.status()
+        res["stages"] = stages(st, pair.status(pair.api_s))
+        log(f"run {n + 1}: where frames waited:")
+        for line in stage_lines(res["stages"]):
+            log(f"  {line}")
         elapsed = time.monotonic() - t0
         pauses = sorted(st["recent_pauses_ms"])
         c = st["checkpoints"]
@@ -280,7 +323,39 @@ FIGURES = [("checkpoints", "{:.0f}"), ("per_min", "{:.1f}"), ("pause_mean_ms", "
            ("alone_out_mbit", "{:.2f}"), ("pair_out_mbit", "{:.2f}"), ("out_ratio", "{:.2f}"),
            ("alone_ping_avg_ms", "{:.2f}"), ("pair_ping_avg_ms", "{:.2f}"),
            ("alone_ping_max_ms", "{:.1f}"), ("pair_ping_max_ms", "{:.1f}"),
-           ("alone_ping_loss_pct", "{:.1f}"), ("pair_ping_loss_pct", "{:.1f}")]
+           ("alone_ping_loss_pct", "{:.1f}"), ("pair_ping_loss_pct", "{:.1f}"),
+           ("alone_ping_after_tcp_avg_ms", "{:.1f}"), ("pair_ping_after_tcp_avg_ms", "{:.1f}"),
+           ("alone_ping_after_tcp_max_ms", "{:.1f}"), ("pair_ping_after_tcp_max_ms", "{:.1f}")]
+
+
+def latency_targets(runs):
+    """Issue 34's targets, checked in every run (not only the median):
+    ping avg through the pair <= alone + 5 ms, max <= alone's max + the
+    run's largest checkpoint pause, TCP >= 90% of alone both ways, pause
+    p99 <= 15 ms."""
+    out = []
+    checks = [
+        ("ping avg <= alone + 5 ms",
+         lambda r: (r["pair_ping_avg_ms"], r["alone_ping_avg_ms"] + 5.0)),
+        ("ping max <= alone max + largest pause",
+         lambda r: (r["pair_ping_max_ms"], r["alone_ping_max_ms"] + r["pause_max_ms"])),
+        ("TCP in >= 90% of alone", lambda r: (0.9, r["in_ratio"])),
+        ("TCP out >= 90% of alone", lambda r: (0.9, r["out_ratio"])),
+        ("pause p99 <= 15 ms", lambda r: (r["pause_p99_ms"], 15.0)),
+    ]
+    for name, f in checks:
+        cells, met = [], 0
+        for r in runs:
+            try:
+                got, limit = f(r)
+            except (KeyError, TypeError):
+                cells.append("-")
+                continue
+            ok = got <= limit
+            met += ok
+            cells.append(f"{got:.2f}/{limit:.2f}{'' if ok else ' NOT'}")
+        out.append(f"target (every run): {name}: {met}/{len(runs)} met: " + "; ".join(cells))
+    return out
 
 
 def report(args, runs, failures, queues, qemu, hosts, chans, trans):
@@ -310,6 +385,8 @@ def report(args, runs, failures, queues, qemu, hosts, chans, trans):
                 print(f"  target: {way} throughput through the pair >= 60% of alone: median "
                       f"{m * 100:.0f}%: {'met' if m >= 0.6 else 'NOT met'} (QEMU COLO here: "
                       f"~35%, the issue's figure)")
+    for line in latency_targets(runs):
+        print(f"  {line}")
     for q in queues:
         print(f"  queue {q.get('policy')}: max-queue {args.max_queue}, {args.conns} connections "
               f"each way: " + ", ".join(f"{k} {v}" for k, v in q.items() if k != "policy"))
@@ -352,6 +429,8 @@ def parse_args():
     ap.add_argument("--period-ms", type=int, default=1000)
     ap.add_argument("--heartbeat-ms", type=int, default=100)
     ap.add_argument("--timeout-ms", type=int, default=1000)
+    ap.add_argument("--compare-timeout-ms", type=int, default=None,
+                    help="colo-start's --compare-timeout-ms (default: tandem's)")
     ap.add_argument("--ping-ms", type=float, default=10.0)
     ap.add_argument("--dirty-mib", type=int, default=16)
     ap.add_argument("--dirty-rate", type=int, default=8, help="MiB/s")

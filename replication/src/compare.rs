@@ -50,6 +50,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::conntrack::{ConnTrack, ConnTrackConfig, ConnTrackError, Side};
+use crate::histogram::Histogram;
 use crate::packet::{parse, ConnKey, Frame, IcmpKey, PassReason, TcpSeg};
 use crate::rewrite::{self, Csum, RewriteError};
 
@@ -139,6 +140,8 @@ pub struct Counters {
     pub matched: u64,
     /// Mismatches found (one per connection or flow until the checkpoint).
     pub mismatched: u64,
+    /// Of those, by protocol.
+    pub mismatched_by: ByProtocol,
     /// Checkpoints asked because a frame waited too long.
     pub timed_out: u64,
     /// Checkpoints asked because a queue filled up.
@@ -167,11 +170,73 @@ pub struct Counters {
     pub held_secondary: u64,
 }
 
+/// Mismatches, by the protocol of the flow that diverged.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ByProtocol {
+    pub tcp: u64,
+    pub udp: u64,
+    pub icmp: u64,
+}
+
+impl ByProtocol {
+    fn add(&mut self, proto: Proto) {
+        match proto {
+            Proto::Tcp => self.tcp += 1,
+            Proto::Udp => self.udp += 1,
+            Proto::Icmp => self.icmp += 1,
+        }
+    }
+}
+
+/// Primary frames released by checkpoints, by the checkpoint's reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ByCheckpoint {
+    pub period: u64,
+    pub mismatch: u64,
+    pub timeout: u64,
+    pub queue: u64,
+    pub demand: u64,
+    pub disk: u64,
+    /// The pair ended (alone): what was held went out uncompared.
+    pub alone: u64,
+}
+
+impl ByCheckpoint {
+    fn add(&mut self, reason: Option<Reason>, n: u64) {
+        let slot = match reason {
+            Some(Reason::Period) => &mut self.period,
+            Some(Reason::Mismatch) => &mut self.mismatch,
+            Some(Reason::Timeout) => &mut self.timeout,
+            Some(Reason::Queue) => &mut self.queue,
+            Some(Reason::Demand) => &mut self.demand,
+            Some(Reason::Disk) => &mut self.disk,
+            None => &mut self.alone,
+        };
+        *slot += n;
+    }
+}
+
+/// How long primary frames were held, by what released them (a frame
+/// passed through is not held: it is only counted).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Holds {
+    /// Released by the secondary's matching output: how long that took
+    /// after the primary's (near 0 when the secondary's came first).
+    pub matched: Histogram,
+    /// Released by a checkpoint (or the pair's end), whatever its reason.
+    pub checkpoint: Histogram,
+    /// Frames released by checkpoints, by the checkpoint's reason.
+    pub checkpoint_by_reason: ByCheckpoint,
+    /// And by their protocol (what the secondary did not match).
+    pub checkpoint_by_protocol: ByProtocol,
+}
+
 /// A held primary frame.
 #[derive(Debug)]
 struct Held {
     frame: Vec<u8>,
     at: Instant,
+    proto: Proto,
 }
 
 /// A UDP or ICMP flow.
@@ -179,6 +244,23 @@ struct Held {
 enum FlowKey {
     Udp(ConnKey),
     Icmp(IcmpKey),
+}
+
+impl FlowKey {
+    fn proto(&self) -> Proto {
+        match self {
+            FlowKey::Udp(_) => Proto::Udp,
+            FlowKey::Icmp(_) => Proto::Icmp,
+        }
+    }
+}
+
+/// Which protocol a mismatch was found in.
+#[derive(Clone, Copy, Debug)]
+enum Proto {
+    Tcp,
+    Udp,
+    Icmp,
 }
 
 /// A UDP or ICMP flow's queues.
@@ -204,6 +286,7 @@ pub struct Compare {
     held_secondary: usize,
     pending: Option<Reason>,
     counters: Counters,
+    holds: Holds,
 }
 
 impl Compare {
@@ -222,6 +305,7 @@ impl Compare {
             held_secondary: 0,
             pending: None,
             counters: Counters::default(),
+            holds: Holds::default(),
         })
     }
 
@@ -249,7 +333,19 @@ impl Compare {
                     self.counters.dropped_primary += 1;
                     self.queue_full(out);
                 } else {
-                    self.held.insert(id, Held { frame, at: now });
+                    let proto = match parsed {
+                        Frame::Udp { .. } => Proto::Udp,
+                        Frame::Icmp { .. } => Proto::Icmp,
+                        _ => Proto::Tcp,
+                    };
+                    self.held.insert(
+                        id,
+                        Held {
+                            frame,
+                            at: now,
+                            proto,
+                        },
+                    );
                     self.hold(id, parsed, now, out);
                     if self.held.len() >= self.cfg.max_queue {
                         self.queue_full(out);
@@ -266,10 +362,10 @@ impl Compare {
         match parsed {
             Frame::Tcp(seg) => self.primary_tcp(id, &seg, now, out),
             Frame::Udp { conn, payload, .. } => {
-                self.primary_flow(FlowKey::Udp(conn), id, payload, out);
+                self.primary_flow(FlowKey::Udp(conn), id, payload, now, out);
             }
             Frame::Icmp { key, payload } => {
-                self.primary_flow(FlowKey::Icmp(key), id, payload, out);
+                self.primary_flow(FlowKey::Icmp(key), id, payload, now, out);
             }
             Frame::PassThrough(_) => {}
         }
@@ -288,10 +384,10 @@ impl Compare {
             match parsed {
                 Frame::Tcp(seg) => self.secondary_tcp(&seg, frame, now, out),
                 Frame::Udp { conn, payload, .. } => {
-                    self.secondary_flow(FlowKey::Udp(conn), frame.get(payload), out);
+                    self.secondary_flow(FlowKey::Udp(conn), frame.get(payload), now, out);
                 }
                 Frame::Icmp { key, payload } => {
-                    self.secondary_flow(FlowKey::Icmp(key), frame.get(payload), out);
+                    self.secondary_flow(FlowKey::Icmp(key), frame.get(payload), now, out);
                 }
                 Frame::PassThrough(_) => {}
             }
@@ -335,12 +431,20 @@ impl Compare {
         self.sync_counters();
     }
 
-    /// The checkpoint asked for (or any other) is done: every held
-    /// primary frame is released in arrival order; the secondary's state
-    /// is dropped (it is a copy of the primary now, its offsets 0).
-    pub fn checkpoint_done(&mut self, out: &mut Vec<Action>) {
+    /// The checkpoint asked for (or any other, taken for `reason`; `None`:
+    /// the pair ended) is done: every held primary frame is released in
+    /// arrival order; the secondary's state is dropped (it is a copy of the
+    /// primary now, its offsets 0).
+    pub fn checkpoint_done(&mut self, now: Instant, reason: Option<Reason>, out: &mut Vec<Action>) {
         let held = std::mem::take(&mut self.held);
         let n = held.len() as u64;
+        for h in held.values() {
+            self.holds
+                .checkpoint
+                .record(now.saturating_duration_since(h.at));
+            self.holds.checkpoint_by_protocol.add(h.proto);
+        }
+        self.holds.checkpoint_by_reason.add(reason, n);
         out.extend(held.into_iter().map(|(id, h)| Action::Release {
             id: FrameId(id),
             frame: h.frame,
@@ -359,6 +463,17 @@ impl Compare {
         self.sync_counters();
     }
 
+    /// How long until [`Compare::tick`] would ask for a checkpoint on its
+    /// own (the oldest held frame's timeout); `None` while nothing is held
+    /// or a checkpoint is asked already. The caller's poll timeout.
+    pub fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        if self.pending.is_some() {
+            return None;
+        }
+        let (_, oldest) = self.held.first_key_value()?;
+        Some((oldest.at + self.cfg.compare_timeout).saturating_duration_since(now))
+    }
+
     /// The number the next primary frame gets (its `Release` carries it).
     pub fn next_id(&self) -> FrameId {
         FrameId(self.next_id)
@@ -367,6 +482,11 @@ impl Compare {
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// How long frames were held, by what released them.
+    pub fn holds(&self) -> &Holds {
+        &self.holds
     }
 
     /// The connection table.
@@ -399,8 +519,9 @@ impl Compare {
         }
     }
 
-    fn mismatch(&mut self, out: &mut Vec<Action>) {
+    fn mismatch(&mut self, proto: Proto, out: &mut Vec<Action>) {
         self.counters.mismatched += 1;
+        self.counters.mismatched_by.add(proto);
         self.ask(Reason::Mismatch, out);
     }
 
@@ -415,8 +536,11 @@ impl Compare {
         }
     }
 
-    fn release(&mut self, id: u64, out: &mut Vec<Action>) {
+    fn release(&mut self, id: u64, now: Instant, out: &mut Vec<Action>) {
         if let Some(h) = self.held.remove(&id) {
+            self.holds
+                .matched
+                .record(now.saturating_duration_since(h.at));
             self.counters.matched += 1;
             self.counters.released += 1;
             out.push(Action::Release {
@@ -473,14 +597,14 @@ impl Compare {
                 self.secondary_tcp_placed(&s, &frame, offset.unwrap_or(0), out);
             }
         }
-        self.settle(seg.conn, out);
+        self.settle(seg.conn, now, out);
     }
 
     fn secondary_tcp(&mut self, seg: &TcpSeg, frame: &[u8], now: Instant, out: &mut Vec<Action>) {
         match self.conntrack.observe(seg, Side::Secondary, now).offset() {
             Some(offset) => {
                 self.secondary_tcp_placed(seg, frame, offset, out);
-                self.settle(seg.conn, out);
+                self.settle(seg.conn, now, out);
             }
             None => {
                 self.streams
@@ -511,13 +635,13 @@ impl Compare {
         let after = stream.secondary_held();
         self.held_secondary = (self.held_secondary + after).saturating_sub(before);
         if diverged {
-            self.mismatch(out);
+            self.mismatch(Proto::Tcp, out);
         }
     }
 
     /// Compares what can be, releases what matched, and forgets the
     /// stream when it holds nothing and the connection is gone.
-    fn settle(&mut self, key: ConnKey, out: &mut Vec<Action>) {
+    fn settle(&mut self, key: ConnKey, now: Instant, out: &mut Vec<Action>) {
         let Some(stream) = self.streams.get_mut(&key) else {
             return;
         };
@@ -532,10 +656,10 @@ impl Compare {
             self.streams.remove(&key);
         }
         if diverged {
-            self.mismatch(out);
+            self.mismatch(Proto::Tcp, out);
         }
         for id in ids {
-            self.release(id, out);
+            self.release(id, now, out);
         }
     }
 }
@@ -547,24 +671,31 @@ impl Compare {
         key: FlowKey,
         id: u64,
         payload: Range<usize>,
+        now: Instant,
         out: &mut Vec<Action>,
     ) {
         let flow = self.flows.entry(key).or_default();
         flow.primary.push_back((id, payload));
-        self.match_flow(key, out);
+        self.match_flow(key, now, out);
     }
 
-    fn secondary_flow(&mut self, key: FlowKey, payload: Option<&[u8]>, out: &mut Vec<Action>) {
+    fn secondary_flow(
+        &mut self,
+        key: FlowKey,
+        payload: Option<&[u8]>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
         let flow = self.flows.entry(key).or_default();
         if !flow.diverged {
             flow.secondary.push_back(payload.unwrap_or(&[]).to_vec());
             self.held_secondary += 1;
         }
-        self.match_flow(key, out);
+        self.match_flow(key, now, out);
     }
 
     /// Matches the flow's queues head to head, as far as they go.
-    fn match_flow(&mut self, key: FlowKey, out: &mut Vec<Action>) {
+    fn match_flow(&mut self, key: FlowKey, now: Instant, out: &mut Vec<Action>) {
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
         };
@@ -592,10 +723,10 @@ impl Compare {
             self.flows.remove(&key);
         }
         if diverged {
-            self.mismatch(out);
+            self.mismatch(key.proto(), out);
         }
         for id in ids {
-            self.release(id, out);
+            self.release(id, now, out);
         }
     }
 }

@@ -52,7 +52,8 @@ impl Pair {
     }
 
     fn done(&mut self) {
-        self.c.checkpoint_done(&mut self.out);
+        let why = self.c.pending().or(Some(Reason::Period));
+        self.c.checkpoint_done(self.now, why, &mut self.out);
         self.check();
     }
 
@@ -280,6 +281,42 @@ fn udp_and_icmp_fifo() {
     x.p(echo_reply(false, 1, 2, b"ping"));
     x.s(echo_reply(false, 1, 3, b"ping"));
     assert_eq!(x.take(), vec![Action::Checkpoint(Reason::Mismatch)]);
+}
+
+#[test]
+fn holds_are_timed_by_what_released_them_and_mismatches_by_protocol() {
+    let mut x = Pair::default();
+    x.p(echo_reply(false, 1, 1, b"ping"));
+    x.at(4);
+    x.s(echo_reply(false, 1, 1, b"ping"));
+    assert_eq!(x.released().len(), 1);
+    x.p(echo_reply(false, 1, 2, b"ping"));
+    x.s(echo_reply(false, 1, 3, b"ping"));
+    x.at(30);
+    x.done();
+    assert_eq!(x.released().len(), 1);
+    let h = x.c.holds();
+    assert_eq!(h.matched.count(), 1);
+    assert_eq!(h.matched.max(), Duration::from_millis(4));
+    assert_eq!(h.checkpoint.count(), 1);
+    assert_eq!(h.checkpoint.max(), Duration::from_millis(26));
+    assert_eq!(h.checkpoint_by_reason.mismatch, 1);
+    assert_eq!(h.checkpoint_by_reason.period, 0);
+    let by = &x.c.counters().mismatched_by;
+    assert_eq!((by.tcp, by.udp, by.icmp), (0, 0, 1));
+}
+
+#[test]
+fn the_next_deadline_is_the_oldest_frames_timeout() {
+    let mut x = Pair::default();
+    assert_eq!(x.c.next_deadline(x.now), None);
+    x.p(echo_reply(false, 1, 1, b"ping"));
+    x.at(1000);
+    x.p(echo_reply(false, 1, 2, b"ping"));
+    assert_eq!(x.c.next_deadline(x.now), Some(Duration::from_millis(2000)));
+    x.at(3001);
+    assert_eq!(x.take(), vec![Action::Checkpoint(Reason::Timeout)]);
+    assert_eq!(x.c.next_deadline(x.now), None);
 }
 
 #[test]

@@ -266,6 +266,20 @@ impl Failover {
         actions
     }
 
+    /// How long until [`Failover::tick`] has something to do on its own
+    /// (the next heartbeat to send, or the peer's silence to notice):
+    /// the longest its caller may wait without missing either.
+    pub fn next_tick(&self, now: Instant) -> Duration {
+        if !matches!(self.state, State::Syncing | State::Protected) {
+            return self.config.interval;
+        }
+        let silence = (self.last_heartbeat + self.config.timeout).saturating_duration_since(now);
+        let send = self.last_sent.map_or(Duration::ZERO, |t| {
+            (t + self.config.interval).saturating_duration_since(now)
+        });
+        send.min(silence)
+    }
+
     /// The replication stream broke (EOF, reset): the peer is lost now,
     /// without waiting for the heartbeat timeout.
     pub fn connection_lost(&mut self, arbiter: &mut dyn Arbiter) -> Vec<Action> {

@@ -150,6 +150,21 @@ fn heartbeats_go_out_every_interval() {
 }
 
 #[test]
+fn next_tick_is_the_next_heartbeat_or_the_silence_limit() {
+    let (mut pa, _, _) = pair_of_mocks();
+    let t0 = Instant::now();
+    let (mut p, _) = protected_pair(t0, &mut pa);
+    assert_eq!(p.next_tick(t0), ms(0));
+    p.tick(t0, &mut pa);
+    assert_eq!(p.next_tick(t0 + ms(30)), ms(70));
+    // The peer last heard at t0: its silence ends the wait at t0 + 1 s.
+    p.tick(t0 + ms(950), &mut pa);
+    assert_eq!(p.next_tick(t0 + ms(960)), ms(40));
+    p.heartbeat_received(t0 + ms(960));
+    assert_eq!(p.next_tick(t0 + ms(960)), ms(90));
+}
+
+#[test]
 fn first_checkpoint_protects_and_epochs_increase() {
     let t0 = Instant::now();
     let mut s = Failover::secondary(Config::default(), t0);

@@ -43,6 +43,7 @@ pub mod conntrack;
 pub mod etcd;
 mod etcd_keepalive;
 pub mod failover;
+pub mod histogram;
 pub mod journal;
 pub mod packet;
 pub mod rewrite;

@@ -112,6 +112,11 @@ impl Forwarder {
         Ok(sent)
     }
 
+    /// Whether the guest wrote anything not forwarded yet.
+    pub fn pending(&self) -> bool {
+        self.disks.iter().any(|d| d.log.pending() > 0)
+    }
+
     /// Whether the secondary's journal is due to be emptied by a
     /// checkpoint.
     pub fn due(&self) -> bool {

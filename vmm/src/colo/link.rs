@@ -1,16 +1,22 @@
 //! The pair's network link: the frames the two proxies exchange on a
 //! stream of their own (a second connection to the secondary's address),
-//! framed and checked: the client's frames mirrored to the secondary, and
-//! the secondary guest's output sent back to the primary's compare.
+//! framed and checked: the client's frames mirrored to the secondary, each
+//! checkpoint's boundary in them, and the secondary guest's output sent
+//! back to the primary's compare.
 //!
 //! ```text
 //! 4   length L of what follows (at most MAX_LINK)
-//! 1   kind: 1 client frame (primary -> secondary), 2 output (back)
+//! 1   kind: 1 client frame (primary -> secondary), 2 output (back),
+//!     3 boundary (primary -> secondary)
 //! 1   NIC index
-//! 8   epoch: checkpoints committed when the frame was taken
+//! 8   tag: a client frame's number on its NIC (the primary's guest got
+//!     them in that order); an output's epoch (checkpoints committed when
+//!     it was taken); a boundary's epoch
 //! 4   offset: a client TCP segment's sequence offset (its ack was moved
 //!     by it; the secondary keeps it for after a failover), else 0
-//! L-14 the frame, virtio-net header first
+//! L-14 the frame, virtio-net header first; a boundary's is 8 bytes: the
+//!     number of the first client frame of that NIC the primary's guest
+//!     had not taken when checkpoint `epoch` was taken
 //! ```
 //!
 //! Pure: encodes into and decodes from byte buffers, for the proxies'
@@ -24,6 +30,8 @@ use super::ColoError;
 pub const CLIENT: u8 = 1;
 /// A frame the secondary guest sent.
 pub const OUTPUT: u8 = 2;
+/// Where a checkpoint cut a NIC's client frames.
+pub const BOUNDARY: u8 = 3;
 /// The longest frame body taken: a 64 KiB GSO frame and its header.
 pub const MAX_LINK: usize = HEAD + 12 + 65_550;
 /// The bytes before the frame (after the length).
@@ -36,17 +44,18 @@ pub const MAX_PENDING: usize = 8 << 20;
 pub struct LinkFrame {
     pub kind: u8,
     pub nic: u8,
-    pub epoch: u64,
+    /// See the module doc.
+    pub tag: u64,
     pub offset: u32,
     pub frame: Vec<u8>,
 }
 
 /// Appends `f` to `out`.
-pub fn encode(kind: u8, nic: u8, epoch: u64, offset: u32, frame: &[u8], out: &mut Vec<u8>) {
+pub fn encode(kind: u8, nic: u8, tag: u64, offset: u32, frame: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(&((HEAD + frame.len()) as u32).to_le_bytes());
     out.push(kind);
     out.push(nic);
-    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&tag.to_le_bytes());
     out.extend_from_slice(&offset.to_le_bytes());
     out.extend_from_slice(frame);
 }
@@ -77,17 +86,20 @@ impl Decoder {
         }
         let body: Vec<u8> = self.buf.drain(..4 + len).skip(4).collect();
         let kind = body[0];
-        if kind != CLIENT && kind != OUTPUT {
+        if !(CLIENT..=BOUNDARY).contains(&kind) {
             return Err(bad(format!("kind {kind}")));
         }
-        let mut epoch = [0u8; 8];
-        epoch.copy_from_slice(&body[2..10]);
+        if kind == BOUNDARY && body.len() != HEAD + 8 {
+            return Err(bad(format!("a boundary of {} bytes", body.len() - HEAD)));
+        }
+        let mut tag = [0u8; 8];
+        tag.copy_from_slice(&body[2..10]);
         let mut offset = [0u8; 4];
         offset.copy_from_slice(&body[10..HEAD]);
         Ok(Some(LinkFrame {
             kind,
             nic: body[1],
-            epoch: u64::from_le_bytes(epoch),
+            tag: u64::from_le_bytes(tag),
             offset: u32::from_le_bytes(offset),
             frame: body[HEAD..].to_vec(),
         }))
@@ -119,7 +131,7 @@ mod tests {
                 (got[0].frame.as_slice(), got[0].offset),
                 (&[1u8, 2, 3][..], 5)
             );
-            assert_eq!((got[1].kind, got[1].nic, got[1].epoch), (OUTPUT, 1, 8));
+            assert_eq!((got[1].kind, got[1].nic, got[1].tag), (OUTPUT, 1, 8));
         }
     }
 
@@ -130,6 +142,7 @@ mod tests {
             vec![3, 0, 0, 0],
             vec![14, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             vec![10, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            vec![15, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7],
         ] {
             let mut d = Decoder::default();
             d.push(&bytes);

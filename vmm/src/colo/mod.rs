@@ -38,11 +38,13 @@ pub mod primary;
 pub mod proxy;
 pub mod replica;
 pub mod secondary;
+pub mod stages;
 pub mod survivor;
+pub mod tap_out;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -281,6 +283,11 @@ pub struct Report {
     pub compare: Option<replication::compare::Counters>,
     /// The network proxy's frames.
     pub proxy: Option<proxy::ProxyCounters>,
+    /// The primary's compare: how long frames were held, by what
+    /// released them (match, checkpoint and the checkpoint's reason).
+    pub holds: Option<replication::compare::Holds>,
+    /// Where frames spend their time in this side's proxy.
+    pub stages: Option<stages::Stages>,
     /// The primary's disk writes forwarded to the secondary, bytes.
     pub disk_bytes_forwarded: u64,
     /// The secondary's writable disks: journal and overlay.
@@ -311,6 +318,8 @@ impl Report {
             applied_pages: 0,
             dropped_checkpoints: 0,
             compare: None,
+            holds: None,
+            stages: None,
             proxy: None,
             disk_bytes_forwarded: 0,
             disks: Vec::new(),
@@ -355,6 +364,10 @@ pub struct Side {
     requests: Mutex<Vec<replication::schedule::Reason>>,
     /// A re-protect asked for (`colo_reprotect`), not yet taken.
     reprotect: Mutex<Option<Params>>,
+    /// Set (and `wake` notified) when any of the above is asked: the
+    /// side's thread waits on it instead of sleeping a turn.
+    woken: Mutex<bool>,
+    wake: Condvar,
 }
 
 impl Side {
@@ -367,6 +380,8 @@ impl Side {
             heartbeat_at: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
             reprotect: Mutex::new(None),
+            woken: Mutex::new(false),
+            wake: Condvar::new(),
         }
     }
 
@@ -420,16 +435,38 @@ impl Side {
     /// `colo_failover`: the side's thread acts on it at its next turn.
     pub fn force_failover(&self) {
         self.failover.store(true, Ordering::SeqCst);
+        self.poke();
     }
 
     /// A checkpoint now (the primary's thread, at its next turn).
     pub fn checkpoint_now(&self) {
         self.checkpoint.store(true, Ordering::SeqCst);
+        self.poke();
     }
 
     /// A checkpoint the compare asks for.
     pub fn request(&self, reason: replication::schedule::Reason) {
         devices::sync::lock(&self.requests).push(reason);
+        self.poke();
+    }
+
+    /// Wakes the side's thread if it waits in [`Side::wait`].
+    fn poke(&self) {
+        *devices::sync::lock(&self.woken) = true;
+        self.wake.notify_all();
+    }
+
+    /// Waits until something is asked of the side's thread (a checkpoint,
+    /// a failover, its end) or `most` passed.
+    fn wait(&self, most: Duration) {
+        let mut woken = devices::sync::lock(&self.woken);
+        if !*woken {
+            woken = match self.wake.wait_timeout(woken, most) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        *woken = false;
     }
 
     fn requested(&self) -> Vec<replication::schedule::Reason> {
@@ -439,6 +476,7 @@ impl Side {
     /// Ends the side's thread (the VMM is ending).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.poke();
     }
 
     fn take(flag: &AtomicBool) -> bool {

@@ -39,7 +39,7 @@ use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Side};
 use crate::boot::layout;
 use crate::migrate::VmLink;
 use crate::streams::endpoint::Conn;
-use devices::virtio::net::datagram::Datagram;
+use devices::virtio::net::datagram::{Datagram, Peer};
 use devices::virtio::net::NetBackend;
 use replication::compare::{Compare, CompareConfig, QueueFull};
 
@@ -50,8 +50,10 @@ const COMMIT_WAIT: Duration = Duration::from_secs(10);
 const PROXY_WAIT: Duration = Duration::from_secs(5);
 /// How long the primary waits for the secondary's answer to its disks.
 const SUMS_WAIT: Duration = Duration::from_secs(120);
-/// The thread's turn when nothing is due.
-const TURN: Duration = Duration::from_millis(10);
+/// How soon disk writes the guest made are forwarded (a share each turn;
+/// a checkpoint sends the rest). Heartbeats, checkpoints and the
+/// compare's requests wake the thread on their own.
+const DISK_TURN: Duration = Duration::from_millis(10);
 /// Disk writes forwarded at one turn, at most (the rest at the next).
 const TURN_DISK_BYTES: u64 = 4 << 20;
 
@@ -255,8 +257,19 @@ impl Pair<'_> {
             if !matches!(self.fo.state(), State::Syncing | State::Protected) {
                 return;
             }
-            std::thread::sleep(TURN);
+            self.side.wait(self.next_turn(Instant::now()));
         }
+    }
+
+    /// How long the thread may wait for something to be asked of it: until
+    /// the next heartbeat or checkpoint is due, or a turn while disk
+    /// writes wait to be forwarded.
+    fn next_turn(&self, now: Instant) -> Duration {
+        let mut most = self.fo.next_tick(now).min(self.sched.next_deadline(now));
+        if self.forward.as_ref().is_some_and(Forwarder::pending) {
+            most = most.min(DISK_TURN);
+        }
+        most
     }
 
     /// Carries out the failover state machine's decisions.
@@ -309,12 +322,12 @@ impl Pair<'_> {
     /// One checkpoint, counted; a failed one ends the pair.
     fn checkpoint(&mut self, conn: &mut Conn) {
         let epoch = self.fo.epoch() + 1;
-        if self.sched.started(Instant::now()).is_err() {
+        let Ok(why) = self.sched.started(Instant::now()) else {
             return;
-        }
+        };
         let proxy = &self.proxy;
         let on_commit = || {
-            if !proxy.call(Cmd::Committed(epoch), PROXY_WAIT) {
+            if !proxy.call(Cmd::Committed(epoch, Some(why)), PROXY_WAIT) {
                 log::error!("COLO: the network proxy did not take checkpoint {epoch}");
             }
         };
@@ -409,7 +422,7 @@ fn start_proxy(
         ..CompareConfig::default()
     };
     let compare = Compare::new(cfg)?;
-    let mut nics: Vec<(Box<dyn NetBackend>, std::os::unix::net::UnixDatagram, usize)> = Vec::new();
+    let mut nics: Vec<(Box<dyn NetBackend>, Peer, usize)> = Vec::new();
     let slots = vm.virtio();
     for (n, slot) in slots.iter().enumerate() {
         let Some(tap) = slot.tap() else { continue };

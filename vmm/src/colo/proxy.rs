@@ -33,28 +33,31 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixDatagram;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use devices::virtio::net::backend::{NetBackend, VNET_HDR_LEN};
+use devices::virtio::net::datagram::Peer;
 use replication::compare::{Action, Compare};
 use replication::rewrite::Csum;
-use replication::survivor::{self, Offsets};
+use replication::schedule::Reason;
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::arbiter::Fence;
 use super::link::{self, Decoder};
+use super::stages::{InFlight, Replies, Stages};
+use super::tap_out::Tap;
 use super::Side;
 use crate::streams::endpoint::Conn;
 
 /// What the `colo` side asks of its proxy.
 pub enum Cmd {
-    /// Checkpoint `n` is committed; both guests are paused.
-    Committed(u64),
+    /// Checkpoint `n` is committed; both guests are paused. The primary's
+    /// says why it was taken (the compare counts what it released by it).
+    Committed(u64, Option<Reason>),
     /// The pair is over: release what is held, compare no more.
     Alone,
     /// The secondary serves: each NIC's tap (in NIC order), between which
@@ -74,13 +77,16 @@ pub struct ProxyCounters {
     pub dropped: u64,
     /// Frames for a tap dropped because this side may not serve.
     pub fenced: u64,
+    /// Frames handed to the guests' NICs that their devices have not
+    /// taken yet (the guests' receive backlog), now and at most.
+    pub guest_backlog: u64,
+    pub guest_backlog_max: u64,
 }
 
 const FRAME: usize = link::MAX_LINK;
-const TURN_MS: i32 = 10;
 const BURST: usize = 64;
-/// How long a full tap is waited for before a released frame is dropped.
-const TAP_WAIT: Duration = Duration::from_millis(20);
+/// How often a proxy copies its counters into its side's report.
+const REPORT_EVERY: Duration = Duration::from_millis(100);
 
 type Reply = mpsc::Sender<()>;
 
@@ -97,14 +103,15 @@ impl Proxy {
     /// The primary's: `nics` are each NIC's tap and the other end of its
     /// datagram backend.
     pub fn primary(
-        nics: Vec<(Box<dyn NetBackend>, UnixDatagram)>,
+        nics: Vec<(Box<dyn NetBackend>, Peer)>,
         link: Conn,
         compare: Compare,
         side: Arc<Side>,
         fence: Fence,
     ) -> std::io::Result<Proxy> {
-        let (taps, guests) = nics.into_iter().unzip();
-        let core = Core::new(guests, link)?;
+        let (taps, guests): (Vec<_>, _) = nics.into_iter().unzip();
+        let taps = taps.into_iter().map(Tap::new).collect();
+        let core = Core::new(guests, link, true)?;
         let offsets = Arc::new(AtomicUsize::new(0));
         let p = Primary {
             core,
@@ -120,19 +127,14 @@ impl Proxy {
 
     /// The secondary's: the other ends of its NICs' datagram backends.
     pub fn secondary(
-        guests: Vec<UnixDatagram>,
+        guests: Vec<Peer>,
         link: Conn,
+        side: Arc<Side>,
         fence: Fence,
     ) -> std::io::Result<Proxy> {
-        let core = Core::new(guests, link)?;
+        let core = Core::new(guests, link, false)?;
         let offsets = Arc::new(AtomicUsize::new(0));
-        let s = Secondary {
-            core,
-            offsets: Offsets::new(survivor::DEFAULT_CAP),
-            count: offsets.clone(),
-            taps: Vec::new(),
-            fence,
-        };
+        let s = Secondary::new(core, offsets.clone(), side, fence);
         Self::spawn(move |evt, rx| s.run(evt, rx), offsets)
     }
 
@@ -183,7 +185,13 @@ impl Drop for Proxy {
 
 /// What both sides' loops share: the guests' ends and the link.
 struct Core {
-    guests: Vec<UnixDatagram>,
+    guests: Vec<Peer>,
+    /// What the guests are sent as (the secondary moves on at each
+    /// checkpoint, dropping what its guest did not take yet).
+    generation: u64,
+    /// Frames each guest NIC was handed (the primary numbers its client
+    /// frames by it).
+    handed: Vec<u64>,
     link: Conn,
     linked: bool,
     dec: Decoder,
@@ -191,12 +199,25 @@ struct Core {
     epoch: u64,
     counters: ProxyCounters,
     buf: Vec<u8>,
+    /// Frames on their way to the link, to time them.
+    flight: InFlight,
+    /// When each guest was handed a frame it has not answered.
+    replies: Replies,
+    stages: Stages,
+    /// The primary's (its link carries client frames) or the secondary's.
+    primary: bool,
 }
 
 impl Core {
-    fn new(guests: Vec<UnixDatagram>, link: Conn) -> std::io::Result<Core> {
+    fn new(guests: Vec<Peer>, link: Conn, primary: bool) -> std::io::Result<Core> {
         link.set_nonblocking(true)?;
         Ok(Core {
+            handed: Vec::new(),
+            generation: 0,
+            flight: InFlight::default(),
+            replies: Replies::default(),
+            stages: Stages::default(),
+            primary,
             guests,
             link,
             linked: true,
@@ -208,14 +229,20 @@ impl Core {
         })
     }
 
-    /// Waits for any descriptor of interest (`extra`: the taps).
-    fn poll(&self, evt: &EventFd, extra: &[i32]) {
+    /// Waits for any descriptor of interest (`taps`: what each tap polls
+    /// for), at most `most`.
+    fn poll(&self, evt: &EventFd, taps: &[Tap], most: Duration) {
+        let mut extra = Vec::new();
+        for t in taps {
+            t.poll_fds(&mut extra);
+        }
         let mut fds: Vec<libc::pollfd> = std::iter::once(evt.as_raw_fd())
-            .chain(extra.iter().copied())
             .chain(self.guests.iter().map(|g| g.as_raw_fd()))
-            .map(|fd| libc::pollfd {
+            .map(|fd| (fd, libc::POLLIN))
+            .chain(extra)
+            .map(|(fd, events)| libc::pollfd {
                 fd,
-                events: libc::POLLIN,
+                events,
                 revents: 0,
             })
             .collect();
@@ -230,19 +257,32 @@ impl Core {
                 revents: 0,
             });
         }
+        let ms = i32::try_from(most.as_millis().max(1)).unwrap_or(i32::MAX);
         // SAFETY: `fds` is a live array of `fds.len()` pollfd structs that
         // poll only reads and writes within.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, TURN_MS) };
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     }
 
-    /// Queues a frame for the peer (dropped past the outbox's bound).
-    fn send(&mut self, kind: u8, nic: usize, offset: u32, frame: &[u8]) {
+    /// Queues a frame for the peer (dropped past the outbox's bound);
+    /// `since`: when it was taken, to time its way to the link.
+    fn send(&mut self, kind: u8, nic: usize, tag: u64, offset: u32, frame: &[u8], since: Instant) {
         if !self.linked || self.outbox.len() > link::MAX_PENDING {
             self.counters.dropped += 1;
             return;
         }
         let nic = u8::try_from(nic).unwrap_or(u8::MAX);
-        link::encode(kind, nic, self.epoch, offset, frame, &mut self.outbox);
+        let before = self.outbox.len();
+        link::encode(kind, nic, tag, offset, frame, &mut self.outbox);
+        self.flight.queued(self.outbox.len() - before, Some(since));
+    }
+
+    /// The histogram of frames reaching the link on this side.
+    fn link_stage(&mut self) -> &mut replication::histogram::Histogram {
+        if self.primary {
+            &mut self.stages.tap_to_link
+        } else {
+            &mut self.stages.guest_to_link
+        }
     }
 
     /// Writes what the outbox holds, as far as the link takes it.
@@ -252,6 +292,9 @@ impl Core {
                 Ok(0) => self.lose("the link took nothing"),
                 Ok(n) => {
                     self.outbox.drain(..n);
+                    let mut h = std::mem::take(self.link_stage());
+                    self.flight.written(n, Instant::now(), &mut h);
+                    *self.link_stage() = h;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -260,7 +303,7 @@ impl Core {
         }
     }
 
-    /// Frames from the peer, of this epoch or later.
+    /// Frames from the peer; outputs only of this epoch or later.
     fn receive(&mut self) -> Vec<link::LinkFrame> {
         let mut got = Vec::new();
         let mut chunk = [0u8; 65536];
@@ -275,7 +318,9 @@ impl Core {
         }
         loop {
             match self.dec.next_frame() {
-                Ok(Some(f)) if f.epoch < self.epoch => self.counters.stale += 1,
+                Ok(Some(f)) if f.kind == link::OUTPUT && f.tag < self.epoch => {
+                    self.counters.stale += 1
+                }
                 Ok(Some(f)) => {
                     self.counters.from_peer += 1;
                     got.push(f);
@@ -296,24 +341,51 @@ impl Core {
         }
         self.linked = false;
         self.outbox.clear();
+        self.flight.lost();
     }
 
-    /// The frames guest `i` sent, at most a burst.
-    fn sent_by_guest(&mut self, i: usize) -> Vec<Vec<u8>> {
+    /// The frames guest `i` sent, at most `most`.
+    fn sent_by_guest(&mut self, i: usize, most: usize) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
-        while out.len() < BURST {
+        while out.len() < most {
             match self.guests[i].recv(&mut self.buf) {
                 Ok(n) => out.push(self.buf[..n].to_vec()),
                 Err(_) => break,
             }
         }
+        if !out.is_empty() {
+            self.replies
+                .sent(i, Instant::now(), &mut self.stages.guest_reply);
+        }
         out
+    }
+
+    /// Hands `frame` to guest `i`; whether it took it (if not, it is
+    /// dropped and counted).
+    fn hand_to_guest(&mut self, i: usize, frame: &[u8]) -> bool {
+        match self.guests.get(i).map(|g| g.send(self.generation, frame)) {
+            Some(Ok(_)) => {
+                self.replies.handed(i, Instant::now());
+                if self.handed.len() <= i {
+                    self.handed.resize(i + 1, 0);
+                }
+                self.handed[i] += 1;
+                let backlog = self.handed[i].saturating_sub(self.guests[i].taken());
+                self.counters.guest_backlog = backlog;
+                self.counters.guest_backlog_max = self.counters.guest_backlog_max.max(backlog);
+                true
+            }
+            _ => {
+                self.counters.dropped += 1;
+                false
+            }
+        }
     }
 }
 
 struct Primary {
     core: Core,
-    taps: Vec<Box<dyn NetBackend>>,
+    taps: Vec<Tap>,
     compare: Compare,
     /// Each held frame's NIC and virtio-net header, by its compare number.
     hdrs: HashMap<u64, (usize, Vec<u8>)>,
@@ -326,9 +398,13 @@ impl Primary {
     fn run(mut self, evt: &EventFd, cmds: mpsc::Receiver<(Cmd, Reply)>) {
         let mut reported = Instant::now();
         loop {
-            let taps: Vec<i32> = self.taps.iter().map(|t| t.rx_fd()).collect();
-            self.core.poll(evt, &taps);
+            let most = self
+                .compare
+                .next_deadline(Instant::now())
+                .map_or(REPORT_EVERY, |d| d.min(REPORT_EVERY));
+            self.core.poll(evt, &self.taps, most);
             let _ = evt.read();
+            self.drain_taps();
             let mut acts = Vec::new();
             while let Ok((cmd, reply)) = cmds.try_recv() {
                 match cmd {
@@ -336,14 +412,16 @@ impl Primary {
                         let _ = reply.send(());
                         return;
                     }
-                    Cmd::Committed(n) => {
-                        self.guests_out(&mut acts);
-                        self.compare.checkpoint_done(&mut acts);
+                    Cmd::Committed(n, why) => {
+                        self.guests_out(usize::MAX, &mut acts);
+                        self.compare.checkpoint_done(Instant::now(), why, &mut acts);
                         self.core.epoch = n;
+                        self.boundaries(n);
                     }
                     Cmd::Alone => {
-                        self.guests_out(&mut acts);
-                        self.compare.checkpoint_done(&mut acts);
+                        self.guests_out(usize::MAX, &mut acts);
+                        self.compare
+                            .checkpoint_done(Instant::now(), None, &mut acts);
                         self.alone = true;
                         self.core.lose("the pair is over");
                     }
@@ -354,7 +432,7 @@ impl Primary {
                 let _ = reply.send(());
             }
             self.clients();
-            self.guests_out(&mut acts);
+            self.guests_out(BURST, &mut acts);
             for f in self.core.receive() {
                 if f.kind == link::OUTPUT && f.frame.len() > VNET_HDR_LEN {
                     self.compare
@@ -364,31 +442,45 @@ impl Primary {
             self.compare.tick(Instant::now(), &mut acts);
             self.act(acts);
             self.core.flush();
-            if reported.elapsed() > Duration::from_millis(100) {
+            if reported.elapsed() > REPORT_EVERY {
                 reported = Instant::now();
-                let (c, p) = (self.compare.counters().clone(), self.core.counters.clone());
-                self.side.update(|r| {
-                    r.compare = Some(c);
-                    r.proxy = Some(p);
-                });
+                self.report();
             }
         }
+    }
+
+    fn report(&self) {
+        let (c, p) = (self.compare.counters().clone(), self.core.counters.clone());
+        let (h, s) = (self.compare.holds().clone(), self.core.stages.clone());
+        self.side.update(|r| {
+            r.compare = Some(c);
+            r.proxy = Some(p);
+            r.holds = Some(h);
+            r.stages = Some(s);
+        });
     }
 
     /// The client's frames: to the guest, and mirrored.
     fn clients(&mut self) {
         for i in 0..self.taps.len() {
             for _ in 0..BURST {
-                let n = match self.taps[i].read_frame(&mut self.core.buf) {
+                let n = match self.taps[i].dev.read_frame(&mut self.core.buf) {
                     Ok(n) => n,
                     Err(_) => break,
                 };
+                let read = Instant::now();
                 self.core.counters.from_taps += 1;
                 let mut frame = self.core.buf[..n].to_vec();
-                if self.core.guests[i].send(&frame).is_err() {
-                    self.core.counters.dropped += 1;
+                // What its guest did not get, the secondary's does not.
+                if !self.core.hand_to_guest(i, &frame) {
+                    continue;
                 }
-                if self.alone || !self.core.linked || n <= VNET_HDR_LEN {
+                let number = self.core.handed[i] - 1;
+                if self.alone || !self.core.linked {
+                    continue;
+                }
+                if n <= VNET_HDR_LEN {
+                    self.core.send(link::CLIENT, i, number, 0, &frame, read);
                     continue;
                 }
                 let csum = csum_of(&frame);
@@ -399,17 +491,31 @@ impl Primary {
                     .flatten()
                     .unwrap_or(0);
                 self.core.counters.mirrored += 1;
-                self.core.send(link::CLIENT, i, offset, &frame);
+                self.core
+                    .send(link::CLIENT, i, number, offset, &frame, read);
             }
         }
     }
 
-    /// The guest's output: into the compare, or out once alone.
-    fn guests_out(&mut self, acts: &mut Vec<Action>) {
+    /// Checkpoint `n` is committed, its guest paused since it was taken:
+    /// where it cut each NIC's client frames (those its device had taken
+    /// are in the checkpoint; the secondary's guest gets the others).
+    fn boundaries(&mut self, n: u64) {
         for i in 0..self.core.guests.len() {
-            for frame in self.core.sent_by_guest(i) {
+            let taken = self.core.guests[i].taken();
+            let now = Instant::now();
+            self.core
+                .send(link::BOUNDARY, i, n, 0, &taken.to_le_bytes(), now);
+        }
+    }
+
+    /// The guest's output (at most `most` frames of each NIC): into the
+    /// compare, or out once alone.
+    fn guests_out(&mut self, most: usize, acts: &mut Vec<Action>) {
+        for i in 0..self.core.guests.len() {
+            for frame in self.core.sent_by_guest(i, most) {
                 if self.alone || frame.len() <= VNET_HDR_LEN {
-                    self.out_to_tap(i, &frame);
+                    self.out_to_tap(i, frame);
                     continue;
                 }
                 let id = self.compare.next_id().0;
@@ -428,7 +534,7 @@ impl Primary {
                         continue;
                     };
                     bytes.extend_from_slice(&frame);
-                    self.out_to_tap(i, &bytes);
+                    self.out_to_tap(i, bytes);
                 }
                 Action::Checkpoint(reason) => self.side.request(reason),
             }
@@ -441,13 +547,21 @@ impl Primary {
         }
     }
 
-    fn out_to_tap(&mut self, i: usize, frame: &[u8]) {
-        out_to_tap(
-            &mut *self.taps[i],
+    fn out_to_tap(&mut self, i: usize, frame: Vec<u8>) {
+        let c = &mut self.core;
+        self.taps[i].put(
             frame,
             &self.fence,
-            &mut self.core.counters,
+            &mut c.counters,
+            &mut c.stages.release_to_tap,
         );
+    }
+
+    fn drain_taps(&mut self) {
+        let c = &mut self.core;
+        for t in &mut self.taps {
+            t.drain(&self.fence, &mut c.counters, &mut c.stages.release_to_tap);
+        }
     }
 }
 
@@ -460,134 +574,6 @@ fn csum_of(frame: &[u8]) -> Csum {
     }
 }
 
-/// Writes `frame` to `tap`, waiting a little for room, if `fence` lets it.
-fn out_to_tap(tap: &mut dyn NetBackend, frame: &[u8], fence: &Fence, counters: &mut ProxyCounters) {
-    if !fence.open() {
-        counters.fenced += 1;
-        return;
-    }
-    let end = Instant::now() + TAP_WAIT;
-    loop {
-        match tap.write_frame(frame) {
-            Ok(_) => {
-                counters.to_taps += 1;
-                return;
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < end => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(_) => {
-                counters.dropped += 1;
-                return;
-            }
-        }
-    }
-}
-
-/// The secondary's proxy: see the module doc.
-struct Secondary {
-    core: Core,
-    offsets: Offsets,
-    /// What `Proxy::offsets` reads.
-    count: Arc<AtomicUsize>,
-    /// Its taps, once it serves.
-    taps: Vec<Box<dyn NetBackend>>,
-    fence: Fence,
-}
-
-impl Secondary {
-    fn run(mut self, evt: &EventFd, cmds: mpsc::Receiver<(Cmd, Reply)>) {
-        loop {
-            let taps: Vec<i32> = self.taps.iter().map(|t| t.rx_fd()).collect();
-            self.core.poll(evt, &taps);
-            let _ = evt.read();
-            while let Ok((cmd, reply)) = cmds.try_recv() {
-                match cmd {
-                    Cmd::Stop => {
-                        let _ = reply.send(());
-                        return;
-                    }
-                    Cmd::Committed(n) => {
-                        // What its guest sent before is the past the
-                        // primary's copy replaced; the guests agree on
-                        // every connection now.
-                        for i in 0..self.core.guests.len() {
-                            self.core.sent_by_guest(i);
-                        }
-                        self.core.epoch = n;
-                        self.offsets.clear();
-                    }
-                    Cmd::Serve(taps) => {
-                        self.core.lose("this side serves");
-                        self.taps = taps;
-                    }
-                    Cmd::Alone => {}
-                }
-                self.count.store(self.offsets.len(), Ordering::SeqCst);
-                let _ = reply.send(());
-            }
-            if self.taps.is_empty() {
-                self.mirror();
-            } else {
-                self.serve();
-            }
-        }
-    }
-
-    /// In the pair: mirrored frames in, its guest's output back.
-    fn mirror(&mut self) {
-        let core = &mut self.core;
-        for f in core.receive() {
-            let nic = usize::from(f.nic);
-            if f.kind != link::CLIENT || nic >= core.guests.len() {
-                continue;
-            }
-            if let Some(frame) = f.frame.get(VNET_HDR_LEN..) {
-                self.offsets.learn(frame, f.offset);
-            }
-            if core.guests[nic].send(&f.frame).is_err() {
-                core.counters.dropped += 1;
-            }
-        }
-        self.count.store(self.offsets.len(), Ordering::SeqCst);
-        for i in 0..core.guests.len() {
-            for frame in core.sent_by_guest(i) {
-                core.send(link::OUTPUT, i, 0, &frame);
-            }
-        }
-        core.flush();
-    }
-
-    /// Serving: between each tap and its guest, the connections opened
-    /// since the last checkpoint rewritten.
-    fn serve(&mut self) {
-        let core = &mut self.core;
-        for (i, tap) in self.taps.iter_mut().enumerate() {
-            let Some(guest) = core.guests.get(i) else {
-                continue;
-            };
-            for _ in 0..BURST {
-                let Ok(n) = tap.read_frame(&mut core.buf) else {
-                    break;
-                };
-                core.counters.from_taps += 1;
-                if n > VNET_HDR_LEN {
-                    let csum = csum_of(&core.buf[..n]);
-                    let _ = self
-                        .offsets
-                        .client_to_guest(&mut core.buf[VNET_HDR_LEN..n], csum);
-                }
-                if guest.send(&core.buf[..n]).is_err() {
-                    core.counters.dropped += 1;
-                }
-            }
-            for mut frame in core.sent_by_guest(i) {
-                let csum = csum_of(&frame);
-                if let Some(body) = frame.get_mut(VNET_HDR_LEN..) {
-                    let _ = self.offsets.guest_to_client(body, csum);
-                }
-                out_to_tap(&mut **tap, &frame, &self.fence, &mut core.counters);
-            }
-        }
-    }
-}
+#[path = "proxy_secondary.rs"]
+mod secondary;
+use secondary::Secondary;

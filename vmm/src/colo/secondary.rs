@@ -140,7 +140,7 @@ fn serve(
     let id = format!("secondary pid {}", std::process::id());
     let mut lease = arbiter.open(&id)?;
     let fence = Fence::new(lease.gate());
-    let proxy = start_proxy(vm, listener, fence.clone())?;
+    let proxy = start_proxy(vm, listener, side.clone(), fence.clone())?;
     let channels = super::channels::accept(listener, t.channels, PROXY_WAIT)?;
     let timeout = Duration::from_millis(u64::from(t.timeout_ms));
     conn.set_timeouts(timeout).map_err(ColoError::Stream)?;
@@ -293,7 +293,12 @@ fn report(vm: &VmHandle, side: &Side, fo: &Failover, lease: &dyn Arbiter) {
 /// The network link from the primary (its second connection) and the
 /// proxy on it: each NIC moves from its detached backend to a datagram
 /// backend whose other end the proxy holds.
-fn start_proxy(vm: &VmHandle, listener: &Listener, fence: Fence) -> Result<Proxy, ColoError> {
+fn start_proxy(
+    vm: &VmHandle,
+    listener: &Listener,
+    side: Arc<Side>,
+    fence: Fence,
+) -> Result<Proxy, ColoError> {
     let mut link = listener
         .accept_within(PROXY_WAIT)
         .map_err(ColoError::io("no network link from the primary"))?;
@@ -309,7 +314,7 @@ fn start_proxy(vm: &VmHandle, listener: &Listener, fence: Fence) -> Result<Proxy
             guests.push(other);
         }
     }
-    Proxy::secondary(guests, link, fence).map_err(ColoError::Stream)
+    Proxy::secondary(guests, link, side, fence).map_err(ColoError::Stream)
 }
 
 /// The takeover: every disk's overlay in its image (the uncommitted
@@ -443,7 +448,7 @@ impl Receiver<'_> {
         if got.is_ok() {
             if let Some(p) = &self.proxy {
                 // Paused, a copy of the primary: its guest's older frames go.
-                if !p.call(Cmd::Committed(epoch), PROXY_WAIT) {
+                if !p.call(Cmd::Committed(epoch, None), PROXY_WAIT) {
                     log::error!("COLO: the network proxy did not take checkpoint {epoch}");
                 }
             }
