@@ -268,6 +268,99 @@ fn a_firmware_vm_is_protected_by_a_colo_pair_and_fails_over() {
     sec.kill();
 }
 
+/// Secondaries of another shape than the echoing primary (1 vCPU, the
+/// legacy machine, the echo image): each is refused by the initial sync's
+/// manifest check before any memory moves, every difference named in the
+/// one reason (on the secondary's stderr, which exits 1, and in the
+/// primary's `colo-status`), and the primary's guest counts on. The same
+/// whether the secondary was given `--mem` (it is built as asked and the
+/// stream's check refuses it) or takes the primary's size.
+#[test]
+fn a_secondary_of_another_shape_is_refused_naming_every_difference() {
+    let fw = scratch("shape-echo.fd", &image(End::Echo));
+    let other = scratch("shape-halt.fd", &image(End::Halt));
+    let api = tmp("shape-p.api");
+    let mut p = TestVm::start(&[
+        "--firmware",
+        s(&fw),
+        "--mem",
+        "64M",
+        "--cpus",
+        "1",
+        "--api-sock",
+        s(&api),
+    ]);
+    p.wait_for(HELLO, WAIT);
+    echo(&mut p, 'a');
+    let disk = scratch("shape.img", &[0u8; 1 << 20]);
+    let disk_arg = format!("path={}", s(&disk));
+    let shape: &[&str] = &[
+        "--firmware",
+        s(&other),
+        "--cpus",
+        "2",
+        "--machine",
+        "pci",
+        "--disk",
+        &disk_arg,
+    ];
+    let every = [
+        "1 vCPU, this VM asks for 2",
+        "PCI host bridge pci0 (--machine pci)",
+        "another image",
+        "this VM asks for disk blk0 on",
+    ];
+    let with_mem = [shape, &["--mem", "64M"]].concat();
+    let cases: [(&str, &[&str], &[&str]); 3] = [
+        ("with --mem", &with_mem, &every),
+        ("the primary's size", shape, &every),
+        (
+            "no --firmware",
+            &["--mem", "64M"],
+            &["give --firmware with that image"],
+        ),
+    ];
+    for (n, (what, args, expect)) in cases.into_iter().enumerate() {
+        let (sock, lease, api2) = (
+            tmp(&format!("shape{n}.sock")),
+            tmp(&format!("shape{n}.lock")),
+            tmp(&format!("shape{n}-s.api")),
+        );
+        let addr = format!("unix:{}", s(&sock));
+        let mut sec = secondary(&addr, &lease, &api2, args);
+        for f in [sock, lease.clone()] {
+            sec.remove_on_drop(f);
+        }
+        let (code, a) = ctl(&api, &["colo-start", &addr, "--lease", s(&lease)]);
+        assert_eq!(code, 0, "colo-start: {a}");
+        assert_eq!(sec.wait_exit(WAIT).code(), Some(1), "{}", sec.stderr());
+        let mut st = serde_json::Value::Null;
+        wait_until("the primary gives up the pair", WAIT, || {
+            st = status(&api);
+            st["state"] == "retired"
+        });
+        let reason = st["reason"].as_str().unwrap_or_default().to_string();
+        for e in expect {
+            assert!(
+                reason.contains(e),
+                "{what}: {e:?} not in the reason {reason:?}"
+            );
+            assert!(
+                sec.stderr().contains(e),
+                "{what}: {e:?} not in {}",
+                sec.stderr()
+            );
+        }
+        phase(&format!(
+            "shape: {what}: refused: {reason}; sync {}",
+            st["sync"]
+        ));
+        // The primary runs on: its count goes on.
+        echo(&mut p, char::from(b'b' + n as u8));
+    }
+    p.kill();
+}
+
 /// The lease's alone mark (the primary's, once it served alone).
 fn alone_mark(lease: &Path) -> PathBuf {
     let mut mark = lease.to_path_buf().into_os_string();

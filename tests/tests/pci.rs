@@ -332,7 +332,7 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     assert_eq!(out.status.code(), Some(1), "{report}");
     let said = format!("{report} {}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        said.contains("the source's guest has 2 vCPUs, --cpus asks for 1"),
+        said.contains("the source has 2 vCPUs, this VM asks for 1"),
         "{said}"
     );
     assert_eq!(wrong.wait_exit(EXIT).code(), Some(1), "{}", wrong.stderr());
