@@ -419,10 +419,11 @@ fn ext4_image(bytes: usize) -> Vec<u8> {
 /// How far ahead of the host's clock the guest sets its RTC in the pair.
 const RTC_AHEAD_S: i64 = 3600;
 
-/// The client's stream through the pair: 1 MiB, 16 KiB every 200 ms
-/// (some 13 s), from before the pair started until after the failover.
+/// The client's stream through the pair: 2 MiB, 16 KiB every 200 ms
+/// (some 26 s; the kill comes some 7 s in), from before the pair started
+/// until after the failover.
 const THROUGH: Pace = Pace {
-    bytes: 1 << 20,
+    bytes: 2 << 20,
     piece: 16 << 10,
     every: Duration::from_millis(200),
 };
