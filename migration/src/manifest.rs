@@ -2,10 +2,14 @@
 //!
 //! This module owns the `manifest` state section (written first, read first) and the
 //! compatibility check a restore runs before it applies anything: the same memory size,
-//! vCPU count, guest-visible devices (kind, id, MAC, read-only flag, MMIO slot) and
-//! firmware image (size and SHA-256). A difference in a backend only (another tap,
-//! another path to the disk image or to the same firmware bytes) is allowed and
-//! reported back as a note, since moving a VM to another host renames those.
+//! vCPU count, guest-visible devices (kind, id, MAC, read-only flag, MMIO slot or PCI
+//! device, the PCI host bridge of `--machine pci`) and firmware image (size and
+//! SHA-256). A difference in a backend only (another tap, another path to the disk
+//! image or to the same firmware bytes) is allowed and reported back as a note, since
+//! moving a VM to another host renames those. An incoming migration (and a COLO
+//! secondary's initial sync) runs the same check on the source's manifest
+//! ([`check_source`]), its messages naming the source. Every difference is named at
+//! once, never only the first.
 
 use std::fmt;
 
@@ -190,6 +194,42 @@ pub enum CompatError {
     /// The requested VM is not the one in the snapshot.
     #[error("the snapshot does not fit this VM: {}", .0.join("; "))]
     Mismatch(Vec<String>),
+    /// The VM here is not the migration source's (or the COLO primary's).
+    #[error("the source's VM does not fit this one: {}", .0.join("; "))]
+    Source(Vec<String>),
+}
+
+/// Whose manifest is compared with this VM's, as the messages name it.
+#[derive(Clone, Copy)]
+enum Theirs {
+    Snapshot,
+    Source,
+}
+
+impl Theirs {
+    /// Who has something: "snapshot has 1 vCPU".
+    fn has(self) -> &'static str {
+        match self {
+            Theirs::Snapshot => "snapshot",
+            Theirs::Source => "the source",
+        }
+    }
+
+    /// "which the snapshot does not have".
+    fn the(self) -> &'static str {
+        match self {
+            Theirs::Snapshot => "the snapshot",
+            Theirs::Source => "the source",
+        }
+    }
+
+    /// "snapshot's VM booted without firmware".
+    fn its(self) -> &'static str {
+        match self {
+            Theirs::Snapshot => "snapshot's",
+            Theirs::Source => "the source's",
+        }
+    }
 }
 
 fn size(bytes: u64) -> String {
@@ -217,47 +257,66 @@ pub fn check_compatible(
     snapshot: &Manifest,
     requested: &Manifest,
 ) -> Result<Vec<String>, CompatError> {
+    differences(snapshot, requested, Theirs::Snapshot).map_err(CompatError::Mismatch)
+}
+
+/// [`check_compatible`] for a migration's destination (or a COLO
+/// secondary): the source's manifest `theirs` against this VM's `ours`,
+/// the messages naming the source.
+pub fn check_source(theirs: &Manifest, ours: &Manifest) -> Result<Vec<String>, CompatError> {
+    differences(theirs, ours, Theirs::Source).map_err(CompatError::Source)
+}
+
+/// The notes, or every forbidding difference.
+fn differences(
+    saved: &Manifest,
+    requested: &Manifest,
+    who: Theirs,
+) -> Result<Vec<String>, Vec<String>> {
     let mut errors = Vec::new();
     let mut notes = Vec::new();
-    if snapshot.mem_bytes != requested.mem_bytes {
+    let has = who.has();
+    if saved.mem_bytes != requested.mem_bytes {
         errors.push(format!(
-            "snapshot has {} of memory, this VM asks for {}",
-            size(snapshot.mem_bytes),
+            "{has} has {} of memory, this VM asks for {}",
+            size(saved.mem_bytes),
             size(requested.mem_bytes)
         ));
     }
-    if snapshot.vcpus != requested.vcpus {
+    if saved.vcpus != requested.vcpus {
         errors.push(format!(
-            "snapshot has {}, this VM asks for {}",
-            plural(snapshot.vcpus, "vCPU"),
+            "{has} has {}, this VM asks for {}",
+            plural(saved.vcpus, "vCPU"),
             requested.vcpus
         ));
     }
-    for saved in &snapshot.devices {
-        let Some(asked) = requested.devices.iter().find(|d| d.id() == saved.id()) else {
-            errors.push(format!("snapshot has {}; none given", saved.describe()));
+    for theirs in &saved.devices {
+        let Some(asked) = requested.devices.iter().find(|d| d.id() == theirs.id()) else {
+            errors.push(format!("{has} has {}; none given", theirs.describe()));
             continue;
         };
-        compare_device(saved, asked, &mut errors, &mut notes);
+        compare_device(theirs, asked, who, &mut errors, &mut notes);
     }
     for asked in &requested.devices {
-        if !snapshot.devices.iter().any(|d| d.id() == asked.id()) {
+        if !saved.devices.iter().any(|d| d.id() == asked.id()) {
             errors.push(format!(
-                "this VM asks for {}, which the snapshot does not have",
-                asked.describe()
+                "this VM asks for {}, which {} does not have",
+                asked.describe(),
+                who.the()
             ));
         }
     }
     compare_firmware(
-        snapshot.firmware.as_ref(),
+        saved.firmware.as_ref(),
         requested.firmware.as_ref(),
+        who,
         &mut errors,
         &mut notes,
     );
     if errors.is_empty() {
         Ok(notes)
     } else {
-        Err(CompatError::Mismatch(errors))
+        Err(errors)
     }
 }
 
@@ -266,21 +325,23 @@ pub fn check_compatible(
 fn compare_firmware(
     saved: Option<&FirmwareId>,
     asked: Option<&FirmwareId>,
+    who: Theirs,
     errors: &mut Vec<String>,
     notes: &mut Vec<String>,
 ) {
+    let its = who.its();
     match (saved, asked) {
         (None, None) => {}
         (Some(s), None) => errors.push(format!(
-            "snapshot is of a VM booted from firmware {}: give --firmware with that image",
+            "{its} VM booted from firmware {}: give --firmware with that image",
             s.describe()
         )),
         (None, Some(a)) => errors.push(format!(
-            "this VM asks for --firmware {}, the snapshot's VM booted without firmware",
+            "this VM asks for --firmware {}, {its} VM booted without firmware",
             a.path
         )),
         (Some(s), Some(a)) if s.bytes != a.bytes || s.sha256 != a.sha256 => errors.push(format!(
-            "snapshot's VM booted from firmware {}, this VM's --firmware is {}: \
+            "{its} VM booted from firmware {}, this VM's --firmware is {}: \
                  another image",
             s.describe(),
             a.describe()
@@ -288,7 +349,7 @@ fn compare_firmware(
         (Some(s), Some(a)) => {
             if s.path != a.path {
                 notes.push(format!(
-                    "firmware: snapshot's was {}, now {} (the same bytes)",
+                    "firmware: {its} was {}, now {} (the same bytes)",
                     s.path, a.path
                 ));
             }
@@ -299,28 +360,30 @@ fn compare_firmware(
 fn compare_device(
     saved: &DeviceConfig,
     asked: &DeviceConfig,
+    who: Theirs,
     errors: &mut Vec<String>,
     notes: &mut Vec<String>,
 ) {
     use DeviceConfig::*;
     let id = saved.id();
+    let has = who.has();
     let where_ = |p: Option<u8>| match p {
         Some(n) => format!("on PCI at 00:{n:02x}.0 (transport=pci)"),
         None => "on virtio-mmio (transport=mmio)".to_string(),
     };
     if saved.pci_slot() != asked.pci_slot() {
         errors.push(format!(
-            "device {id}: snapshot has it {}, this VM puts it {}",
+            "device {id}: {has} has it {}, this VM puts it {}",
             where_(saved.pci_slot()),
             where_(asked.pci_slot())
         ));
     }
     match (saved, asked) {
         (Serial { .. }, Serial { .. }) | (PciHost { .. }, PciHost { .. }) => {}
-        (Net { .. }, Net { .. }) => compare_net(saved, asked, errors, notes),
-        (Blk { .. }, Blk { .. }) => compare_blk(saved, asked, errors, notes),
+        (Net { .. }, Net { .. }) => compare_net(saved, asked, who, errors, notes),
+        (Blk { .. }, Blk { .. }) => compare_blk(saved, asked, who, errors, notes),
         _ => errors.push(format!(
-            "snapshot has {}, this VM asks for {}",
+            "{has} has {}, this VM asks for {}",
             saved.describe(),
             asked.describe()
         )),
@@ -328,10 +391,17 @@ fn compare_device(
 }
 
 /// A device's virtio-mmio slot must not move: the guest found it there.
-fn compare_slot(errors: &mut Vec<String>, what: &str, id: &str, s: &MmioSlot, a: &MmioSlot) {
+fn compare_slot(
+    errors: &mut Vec<String>,
+    who: Theirs,
+    (what, id): (&str, &str),
+    s: &MmioSlot,
+    a: &MmioSlot,
+) {
     if s != a {
         errors.push(format!(
-            "{what} {id}: snapshot has it at {s}, this VM puts it at {a}"
+            "{what} {id}: {} has it at {s}, this VM puts it at {a}",
+            who.has()
         ));
     }
 }
@@ -340,6 +410,7 @@ fn compare_slot(errors: &mut Vec<String>, what: &str, id: &str, s: &MmioSlot, a:
 fn compare_net(
     saved: &DeviceConfig,
     asked: &DeviceConfig,
+    who: Theirs,
     errors: &mut Vec<String>,
     notes: &mut Vec<String>,
 ) {
@@ -363,24 +434,25 @@ fn compare_net(
     else {
         return;
     };
+    let has = who.has();
     if sr != ar {
         let on = |r: &bool| if *r { "on" } else { "off" };
         errors.push(format!(
-            "NIC {id}: snapshot has rsc={}, this VM asks for rsc={}",
+            "NIC {id}: {has} has rsc={}, this VM asks for rsc={}",
             on(sr),
             on(ar)
         ));
     }
     if sm != am {
         errors.push(format!(
-            "NIC {id}: snapshot has MAC {}, this VM asks for {}",
+            "NIC {id}: {has} has MAC {}, this VM asks for {}",
             mac::format(sm),
             mac::format(am)
         ));
     }
-    compare_slot(errors, "NIC", id, ss, asl);
+    compare_slot(errors, who, ("NIC", id), ss, asl);
     if st != at {
-        notes.push(format!("NIC {id}: snapshot was on {st}, now on {at}"));
+        notes.push(format!("NIC {id}: {has} was on {st}, now on {at}"));
     }
 }
 
@@ -388,6 +460,7 @@ fn compare_net(
 fn compare_blk(
     saved: &DeviceConfig,
     asked: &DeviceConfig,
+    who: Theirs,
     errors: &mut Vec<String>,
     notes: &mut Vec<String>,
 ) {
@@ -413,29 +486,30 @@ fn compare_blk(
     else {
         return;
     };
+    let has = who.has();
     if sb != ab {
         errors.push(format!(
-            "disk {id}: snapshot has a disk of {}, {ap} is {}",
+            "disk {id}: {has} has a disk of {}, {ap} is {}",
             size(*sb),
             size(*ab)
         ));
     }
     if sserial != aserial {
         errors.push(format!(
-            "disk {id}: snapshot has id {sserial:?}, this VM asks for {aserial:?}"
+            "disk {id}: {has} has id {sserial:?}, this VM asks for {aserial:?}"
         ));
     }
     if sr != ar {
         let ro = |r: &bool| if *r { "read-only" } else { "read-write" };
         errors.push(format!(
-            "disk {id}: snapshot has it {}, this VM asks for {}",
+            "disk {id}: {has} has it {}, this VM asks for {}",
             ro(sr),
             ro(ar)
         ));
     }
-    compare_slot(errors, "disk", id, ss, asl);
+    compare_slot(errors, who, ("disk", id), ss, asl);
     if sp != ap {
-        notes.push(format!("disk {id}: snapshot was on {sp}, now on {ap}"));
+        notes.push(format!("disk {id}: {has} was on {sp}, now on {ap}"));
     }
 }
 
@@ -488,6 +562,33 @@ mod tests {
             f.bytes = 1 << 20;
         }
         assert!(errors(&a, &smaller).contains("1 MiB"));
+    }
+
+    /// A destination's check names the source, and every difference.
+    #[test]
+    fn a_source_of_another_shape_is_named_with_every_difference() {
+        let a = vm(fw("/a.fd", "a"));
+        let mut b = vm(fw("/b.fd", "b"));
+        b.vcpus = 2;
+        b.devices.push(DeviceConfig::PciHost { id: "pci0".into() });
+        let e = check_source(&a, &b).unwrap_err();
+        let CompatError::Source(p) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(p.len(), 3, "{p:?}");
+        let e = e.to_string();
+        for part in [
+            "the source's VM does not fit this one: the source has 1 vCPU, this VM asks for 2",
+            "this VM asks for PCI host bridge pci0 (--machine pci), which the source does not have",
+            "the source's VM booted from firmware /a.fd (2 MiB, SHA-256 aaaa",
+            "another image",
+        ] {
+            assert!(e.contains(part), "{part:?} not in {e}");
+        }
+        let e = check_source(&a, &vm(None)).unwrap_err().to_string();
+        assert!(e.contains("give --firmware with that image"), "{e}");
+        let e = check_source(&vm(None), &a).unwrap_err().to_string();
+        assert!(e.contains("the source's VM booted without firmware"), "{e}");
     }
 
     #[test]

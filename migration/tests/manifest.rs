@@ -56,6 +56,7 @@ fn saved() -> Manifest {
 fn problems(requested: &Manifest) -> Vec<String> {
     match check_compatible(&saved(), requested) {
         Err(CompatError::Mismatch(p)) => p,
+        Err(other) => panic!("not a snapshot's mismatch: {other:?}"),
         Ok(notes) => panic!("accepted, notes {notes:?}"),
     }
 }

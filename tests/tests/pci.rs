@@ -9,23 +9,44 @@
 //! is snapshotted and restored in a new process (a restore that asks for
 //! another machine or transport is refused, naming it), then migrated to
 //! a third tandem, where the NIC and disks still work (the MSI-X routes
-//! and BARs are set again from the saved state); power-off, through ACPI,
-//! exits 0.
+//! and BARs are set again from the saved state).
+//!
+//! That VM is then protected by a COLO pair: a `--machine pci` secondary
+//! with the same devices on copies of the disks (a secondary booted from
+//! firmware is refused first, naming it, the primary running on). A
+//! client's TCP stream runs through the pair, the guest writes files on
+//! the ext4 filesystem of its virtio-pci disk across checkpoints and
+//! syncs, and the primary is SIGKILLed: the secondary serves from its last
+//! checkpoint (the guest answers pings on the secondary's tap, its MSI-X
+//! interrupts count on, its RTC is as far ahead as the guest set it in
+//! the pair, fw_cfg and the host bridge answer, the stream arrives whole,
+//! the files read back),
+//! and once its guest synced and unmounted, `e2fsck -fn` finds the
+//! secondary's image clean and debugfs reads the files in it. Its
+//! power-off, through ACPI, exits 0.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tandem_tests::base::{scratch, GUEST_IP0, HOST_IP0, PREFIX};
+use tandem_tests::colo::{checkpoint_now, status, wait_checkpoints, wait_until};
 use tandem_tests::netns::NetNs;
+use tandem_tests::rtc;
+use tandem_tests::stream::{Pace, Stream};
 use tandem_tests::{ctl, guest_file, phase, tandem_bin, tandem_output, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 const EXIT: Duration = tandem_tests::budget(Duration::from_secs(30));
 const MAC: &str = "52:54:00:00:00:c1";
-/// Where the guest writes on its PCI disk (a sector number).
-const MARK_SECTOR: u64 = 100;
+/// The PCI disk: an ext4 filesystem of [`FS_BYTES`], then pseudo-random
+/// bytes up to [`DISK_BYTES`].
+const DISK_BYTES: usize = 8 << 20;
+const FS_BYTES: usize = 6 << 20;
+/// Where the guest writes on its PCI disk (a sector number), past the
+/// filesystem.
+const MARK_SECTOR: u64 = 7 << 11;
 const MARK: &str = "tandem-pci-mark";
 /// Where a PCI machine's ECAM is (vmm/src/boot/layout.rs; README, `--machine`).
 const ECAM: u64 = 0xf000_0000;
@@ -119,16 +140,18 @@ struct Setup {
 impl Setup {
     /// The device options: the NIC on `tap`, both disks.
     fn devices(&self, tap: &str) -> Vec<String> {
+        self.devices_on(tap, &self.pci_disk, &self.mmio_disk)
+    }
+
+    /// [`Setup::devices`] on other disk images.
+    fn devices_on(&self, tap: &str, pci: &Path, mmio: &Path) -> Vec<String> {
         vec![
             "--net".into(),
             format!("tap={tap},mac={MAC}"),
             "--disk".into(),
-            format!("path={},id=pcidisk", self.pci_disk.display()),
+            format!("path={},id=pcidisk", pci.display()),
             "--disk".into(),
-            format!(
-                "path={},id=mmiodisk,transport=mmio",
-                self.mmio_disk.display()
-            ),
+            format!("path={},id=mmiodisk,transport=mmio", mmio.display()),
         ]
     }
 
@@ -154,7 +177,8 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
         pci_disk: scratch("pci-disk.img"),
         mmio_disk: scratch("mmio-disk.img"),
     };
-    let content = tandem_tests::pseudo_random(8 << 20, 0x5eed);
+    let mut content = tandem_tests::pseudo_random(DISK_BYTES, 0x5eed);
+    content[..FS_BYTES].copy_from_slice(&ext4_image(FS_BYTES));
     std::fs::write(&s.pci_disk, &content).unwrap();
     std::fs::write(&s.mmio_disk, vec![0u8; 1 << 20]).unwrap();
     let sock = scratch("pci.sock");
@@ -219,7 +243,6 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
         &format!("printf {MARK} | dd of={dev} bs=512 seek={MARK_SECTOR} conv=fsync 2>/dev/null"),
         CMD,
     );
-    let mut content = content;
     let at = (MARK_SECTOR * 512) as usize;
     // dd writes the mark's 15 bytes; the rest of the sector stays.
     content[at..at + MARK.len()].copy_from_slice(MARK.as_bytes());
@@ -237,12 +260,6 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     for want in ["1:config", "1:input.0", "1:output.0", "2:config", "2:req.0"] {
         assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
     }
-    let net_irqs = |c: &[(u64, String, u64)]| -> u64 {
-        c.iter()
-            .filter(|(s, _, _)| *s == 1)
-            .map(|(_, _, c)| c)
-            .sum()
-    };
     assert!(net_irqs(&before) > 0, "{before:?}");
     let config = |vm: &mut TestVm| {
         vm.ok(
@@ -332,7 +349,7 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     assert_eq!(out.status.code(), Some(1), "{report}");
     let said = format!("{report} {}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        said.contains("the source's guest has 2 vCPUs, --cpus asks for 1"),
+        said.contains("the source has 2 vCPUs, this VM asks for 1"),
         "{said}"
     );
     assert_eq!(wrong.wait_exit(EXIT).code(), Some(1), "{}", wrong.stderr());
@@ -359,17 +376,220 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     );
     assert_eq!(config(&mut dest), config_before);
     devices_work(&mut dest, &s.ns, &pci_sha, MARK);
-    dest.send("poweroff -f\n");
-    let st = dest.wait_exit(EXIT);
+
+    let (mut sec, image, hash) = colo_pair(&s, &mut dest, &dest_sock);
+    sec.send("poweroff -f\n");
+    let st = sec.wait_exit(EXIT);
     assert_eq!(st.code(), Some(0), "guest poweroff ends tandem with 0");
     // Through ACPI (S5), not the console's power-off line.
     assert!(
-        !dest.stderr().contains("made no ACPI power-off"),
+        !sec.stderr().contains("made no ACPI power-off"),
         "{}",
-        dest.stderr()
+        sec.stderr()
     );
+    image_holds(&image, &hash);
+    phase("pci: the secondary powered off; its image is clean and holds the files");
     let _ = std::fs::remove_file(&to);
     let _ = std::fs::remove_file(&dest_sock);
+}
+
+/// The guest's MSI-X interrupts of its NIC (00:01.0).
+fn net_irqs(c: &[(u64, String, u64)]) -> u64 {
+    c.iter()
+        .filter(|(s, _, _)| *s == 1)
+        .map(|(_, _, c)| c)
+        .sum()
+}
+
+/// An ext4 filesystem of `bytes`, made on the host.
+fn ext4_image(bytes: usize) -> Vec<u8> {
+    let path = scratch("pci-fs.img");
+    std::fs::write(&path, vec![0u8; bytes]).unwrap();
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("mkfs.ext4 ({e}): run resources/setup.sh (e2fsprogs)"));
+    assert!(out.status.success(), "mkfs.ext4: {out:?}");
+    let image = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    image
+}
+
+/// How far ahead of the host's clock the guest sets its RTC in the pair.
+const RTC_AHEAD_S: i64 = 3600;
+
+/// The client's stream through the pair: 2 MiB, 16 KiB every 200 ms
+/// (some 26 s; the kill comes some 7 s in), from before the pair started
+/// until after the failover.
+const THROUGH: Pace = Pace {
+    bytes: 2 << 20,
+    piece: 16 << 10,
+    every: Duration::from_millis(200),
+};
+
+/// The running PCI VM `primary` (its API at `api`, its NIC on tap1)
+/// protected by a COLO pair whose secondary (`--machine pci`, the same
+/// devices on tap0 and on copies of the disks) takes over when the
+/// primary is killed. Returns the serving secondary (its guest's disk
+/// unmounted), its PCI disk's image and the files' SHA-256.
+fn colo_pair(s: &Setup, primary: &mut TestVm, api: &Path) -> (TestVm, PathBuf, String) {
+    // Copies of the disks as they are now: the guest does not write them
+    // until the pair started.
+    let (pci, mmio) = (scratch("pci-disk2.img"), scratch("mmio-disk2.img"));
+    std::fs::copy(&s.pci_disk, &pci).unwrap();
+    std::fs::copy(&s.mmio_disk, &mmio).unwrap();
+    let (lease, sec_api) = (scratch("pci-colo.lock"), scratch("pci-colo-s.api"));
+    let lease_s = lease.display().to_string();
+    let start = |n: u32, extra: &[&str]| {
+        let sock = scratch(&format!("pci-colo{n}.sock"));
+        let addr = format!("unix:{}", sock.display());
+        let mut args: Vec<String> = [
+            "--colo",
+            "secondary",
+            "--colo-listen",
+            &addr,
+            "--colo-lease",
+            &lease_s,
+            "--machine",
+            "pci",
+            "--api-sock",
+            sec_api.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args.extend(s.devices_on("tap0", &pci, &mmio));
+        let mut vm = s.start(&args);
+        vm.remove_on_drop(sock);
+        wait_until("the secondary listens", CMD, || {
+            vm.stderr().contains("waiting for a migration on")
+        });
+        let (code, a) = ctl(
+            api,
+            &[
+                "colo-start",
+                &addr,
+                "--lease",
+                &lease_s,
+                "--checkpoint-period-ms",
+                "2000",
+            ],
+        );
+        assert_eq!(code, 0, "colo-start: {a}");
+        vm
+    };
+    // A secondary booted from firmware is not this VM: refused before any
+    // memory moves, naming it; the primary runs on.
+    let junk = scratch("pci-junk.fd");
+    std::fs::write(&junk, vec![0xf4u8; 64 << 10]).unwrap();
+    let mut wrong = start(0, &["--firmware", junk.to_str().unwrap()]);
+    wrong.remove_on_drop(junk);
+    assert_eq!(wrong.wait_exit(CMD).code(), Some(1), "{}", wrong.stderr());
+    let mut st = serde_json::Value::Null;
+    wait_until("the primary gives up the pair", CMD, || {
+        st = status(api);
+        st["state"] == "retired"
+    });
+    let why = "the source's VM booted without firmware";
+    assert!(st["reason"].as_str().unwrap_or("").contains(why), "{st}");
+    assert_eq!(st["sync"]["sent_bytes"].as_u64(), Some(0), "{st}");
+    primary.ok("true", CMD);
+    phase("pci: a secondary booted from firmware refused");
+
+    let stream = Stream::start(primary, &s.ns, 5001, 31, THROUGH);
+    let mut sec = start(1, &[]);
+    for f in [pci.clone(), mmio, lease.clone(), alone_mark(&lease)] {
+        sec.remove_on_drop(f);
+    }
+    wait_checkpoints(api, 1);
+    phase("pci: protected");
+    // The RTC set ahead in the pair: only a checkpoint carries that to the
+    // secondary.
+    rtc::set_ahead(primary, RTC_AHEAD_S);
+    let dev = disk_named(primary, "pcidisk");
+    primary.ok(
+        &format!(
+            "mount -t ext4 {dev} /mnt && dd if=/dev/urandom of=/mnt/one bs=32768 count=2 \
+             2>/dev/null && sync"
+        ),
+        CMD,
+    );
+    let sum = primary.ok("sha256sum /mnt/one", CMD);
+    let hash = sum
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    checkpoint_now(api, &sec_api);
+    primary.ok("cp /mnt/one /mnt/two && sync", CMD);
+    let irqs = net_irqs(&msi_counts(primary));
+    let st = checkpoint_now(api, &sec_api);
+    phase(&format!("pci: files written across checkpoints: {st}"));
+    assert!(stream.running(), "the stream runs across the failover");
+    primary.kill();
+    let killed = Instant::now();
+    wait_until("the secondary serves", CMD, || {
+        status(&sec_api)["state"] == "failed_over"
+    });
+    phase(&format!(
+        "pci: failed over {} ms after the kill",
+        killed.elapsed().as_millis()
+    ));
+    // Its console shows first what its guest printed from the last
+    // checkpoint on: one command to get past.
+    sec.number_from(100_000);
+    sec.run("true", CMD);
+    ping(&s.ns);
+    let ahead = RTC_AHEAD_S as f64;
+    rtc::assert_offset(&mut sec, ahead - 10.0, ahead, "after the failover");
+    host_bridge_and_fw_cfg(&mut sec);
+    let after = net_irqs(&msi_counts(&mut sec));
+    assert!(
+        after > irqs,
+        "MSI-X interrupts of the NIC: {irqs} then {after}"
+    );
+    for f in ["/mnt/one", "/mnt/two"] {
+        let got = sec.ok(&format!("sha256sum {f}"), CMD);
+        assert!(got.starts_with(&hash), "{f} after the failover: {got}");
+    }
+    stream.check(&mut sec);
+    sec.ok("echo served-after > /mnt/three && sync && umount /mnt", CMD);
+    phase("pci: the secondary serves: pings, MSI-X, the stream and the files");
+    (sec, pci, hash)
+}
+
+/// The lease's alone mark (the primary's, once it served alone).
+fn alone_mark(lease: &Path) -> PathBuf {
+    let mut mark = lease.to_path_buf().into_os_string();
+    mark.push(".alone");
+    mark.into()
+}
+
+/// The secondary's PCI disk image once its guest unmounted it: clean
+/// (`e2fsck -fn`), with the files written before the failover (`hash`)
+/// and after it.
+fn image_holds(image: &Path, hash: &str) {
+    let fs = scratch("pci-fs-check.img");
+    let bytes = std::fs::read(image).unwrap();
+    std::fs::write(&fs, &bytes[..FS_BYTES]).unwrap();
+    let tool = |name: &str, args: &[&str]| {
+        std::process::Command::new(name)
+            .args(args)
+            .arg(&fs)
+            .output()
+            .unwrap_or_else(|e| panic!("{name}: {e} (install e2fsprogs)"))
+    };
+    let fsck = tool("e2fsck", &["-fn"]);
+    assert_eq!(fsck.status.code(), Some(0), "e2fsck -fn: {fsck:?}");
+    for f in ["/one", "/two"] {
+        let out = tool("debugfs", &["-R", &format!("cat {f}")]);
+        let got = tandem_tests::hex(&Sha256::digest(&out.stdout));
+        assert_eq!(got, hash, "{f} in the image");
+    }
+    let out = tool("debugfs", &["-R", "cat /three"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "served-after");
+    let _ = std::fs::remove_file(&fs);
 }
 
 /// The guest found tandem's ACPI tables and the devices the DSDT names;

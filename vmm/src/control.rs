@@ -217,11 +217,9 @@ impl Control for VmControl {
         }
         self.primary = None;
         self.not_migrating()?;
-        // Not yet a VM booted from --firmware (its snapshots and migrations
-        // record the image; the secondary would need it given too, untested).
-        if let Some(fw) = self.vm.firmware() {
-            return Err(ControlError::ColoFirmware(fw.to_path_buf()));
-        }
+        // A VM booted from --firmware too: the secondary is given the same
+        // image (--firmware), which the initial sync's manifest check
+        // compares by size and SHA-256 before any memory moves.
         check_pair(&params)?;
         self.vm
             .transport()

@@ -1,11 +1,9 @@
 //! What a control verb answers when it fails: the VM's own errors
 //! ([`VmOpError`]) and what the control layer itself refuses (a migration
-//! or COLO request it cannot start, a pair of a firmware-booted VM).
+//! or COLO request it cannot start).
 //!
 //! Data only, built on the VMM thread; the client gets its one-line
 //! message. Never carries a `String` for an error that has a type.
-
-use std::path::PathBuf;
 
 use crate::vm::VmOpError;
 
@@ -18,8 +16,6 @@ pub enum ControlError {
     Migration(#[source] Refused),
     #[error("COLO: {0}")]
     Colo(#[source] Refused),
-    #[error("this VM booted from --firmware {0}: a COLO pair of it is not supported yet")]
-    ColoFirmware(PathBuf),
 }
 
 impl ControlError {

@@ -8,10 +8,13 @@
 //! `--mem`, the first source let in is accepted here and its manifest read
 //! before the VM is built ([`source_shape`]): the VM takes the source's
 //! memory size, and its vCPU count unless `--cpus` is given, as
-//! `--restore` takes the snapshot's; a `--cpus` given must be the source's
-//! (refused naming both, and the source told why); the source's size must
-//! be one tandem gives a guest and this host holds. The open stream then
-//! goes to the incoming thread.
+//! `--restore` takes the snapshot's; the source's size must be one tandem
+//! gives a guest and this host holds. A `--cpus` given is kept even when
+//! it is not the source's: the VM is built as asked and the incoming
+//! thread's manifest check refuses the source (before any memory moves),
+//! naming that difference with every other (machine, firmware image,
+//! devices) in one message. The open stream then goes to the incoming
+//! thread.
 //!
 //! Runs on the main thread before the VM runs. Never does: allocate guest
 //! memory beyond the size asked for or the source declared, or build the
@@ -37,8 +40,6 @@ const PAGE: u64 = 4096;
 /// Why an incoming VM cannot take the source's size.
 #[derive(Debug, thiserror::Error)]
 pub enum SizeError {
-    #[error("the source's guest has {}, --cpus asks for {asked}", vcpus(*theirs))]
-    Cpus { theirs: u32, asked: u8 },
     #[error("the source's guest has {} of memory: not whole 4 KiB pages of at least 16 MiB", size(*.0))]
     BadMem(u64),
     #[error("the source's guest: {0}")]
@@ -109,9 +110,9 @@ fn refused<E: Display>(accepted: Option<Accepted>, e: E) -> E {
 
 /// The shape of an incoming VM given no `--mem`, whose source's VM is
 /// `theirs`: the source's memory size, which must be one tandem gives a
-/// guest and this host holds; `cpus` if given (it must be the source's),
-/// else the source's count; `machine` as given (the stream's checks
-/// compare it with the source's).
+/// guest and this host holds; `cpus` if given (the stream's check refuses
+/// it, with every other difference, when it is not the source's), else
+/// the source's count; `machine` as given (compared the same way).
 pub fn source_shape(
     cpus: Option<u8>,
     machine: Machine,
@@ -124,12 +125,6 @@ pub fn source_shape(
     let shown = format!("{}M", mem_bytes >> 20);
     config::check_mem_fits(mem_bytes, &shown).map_err(SizeError::Host)?;
     let cpus = match cpus {
-        Some(asked) if u32::from(asked) != theirs.vcpus => {
-            return Err(SizeError::Cpus {
-                theirs: theirs.vcpus,
-                asked,
-            })
-        }
         Some(asked) => asked,
         None => config::check_cpus(u64::from(theirs.vcpus), config::max_cpus())
             .map_err(SizeError::Host)?,
@@ -147,15 +142,6 @@ fn size(bytes: u64) -> String {
         format!("{} MiB", bytes >> 20)
     } else {
         format!("{bytes} bytes")
-    }
-}
-
-/// `n` vCPUs, in words.
-fn vcpus(n: u32) -> String {
-    if n == 1 {
-        "1 vCPU".into()
-    } else {
-        format!("{n} vCPUs")
     }
 }
 
@@ -192,12 +178,12 @@ mod tests {
         assert_eq!(s.map(|s| (s.mem_bytes, s.cpus)).unwrap(), (256 * MIB, 4));
     }
 
+    /// The stream's manifest check refuses it, naming it with every
+    /// other difference (not this early check, which would name it alone).
     #[test]
-    fn a_given_cpus_that_differs_is_refused_naming_both() {
-        let e = source_shape(Some(1), Machine::Legacy, &source(256 * MIB, 2))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "the source's guest has 2 vCPUs, --cpus asks for 1");
+    fn a_given_cpus_that_differs_is_left_to_the_streams_check() {
+        let s = source_shape(Some(1), Machine::Pci, &source(256 * MIB, 2)).unwrap();
+        assert_eq!((s.mem_bytes, s.cpus), (256 * MIB, 1));
     }
 
     #[test]
@@ -245,15 +231,16 @@ mod tests {
                 version: protocol::VERSION,
             };
             protocol::write_message(&mut conn, &hello).unwrap();
-            let config = Message::Config(source(256 * MIB, 2));
+            let config = Message::Config(source(16 * MIB + 1, 2));
             protocol::write_message(&mut conn, &config).unwrap();
             protocol::read_message(&mut conn).unwrap()
         });
         let accepted = dest::accept(&listener, &from).unwrap();
-        assert_eq!(accepted.manifest().mem_bytes, 256 * MIB);
-        let e = source_shape(Some(1), Machine::Legacy, accepted.manifest());
+        assert_eq!(accepted.manifest().mem_bytes, 16 * MIB + 1);
+        let e = source_shape(Some(2), Machine::Legacy, accepted.manifest());
         let e = refused(Some(accepted), e.unwrap_err());
-        let why = "the source's guest has 2 vCPUs, --cpus asks for 1";
+        let why = "the source's guest has 16777217 bytes of memory: not whole 4 KiB pages \
+                   of at least 16 MiB";
         assert_eq!(e.to_string(), why);
         assert_eq!(sender.join().unwrap(), Message::Abandon(why.into()));
         let _ = std::fs::remove_file(&path);

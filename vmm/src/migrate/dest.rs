@@ -232,7 +232,7 @@ fn receive_checked<S: Read + Write>(
     ours: &Manifest,
     mem: &GuestMemoryMmap,
 ) -> Result<(VmState, u64), MigrateError> {
-    if let Err(e) = migration::check_compatible(theirs, ours) {
+    if let Err(e) = migration::manifest::check_source(theirs, ours) {
         return Err(refuse(conn, e.into()));
     }
     protocol::write_message(conn, &Message::Accept)?;

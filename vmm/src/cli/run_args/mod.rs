@@ -75,8 +75,6 @@ pub enum RunArgsError {
     FirmwareWithoutKernel(&'static str),
     #[error("--firmware: not with --print-cmdline (the firmware is given the command line)")]
     FirmwarePrintCmdline,
-    #[error("--firmware: a VM booted from firmware cannot be a COLO secondary (not with --colo)")]
-    FirmwareAndColo,
     #[error("--guest-symbols: {0}")]
     Symbols(#[source] SymbolsError),
     #[error("--tls-cert, --tls-key and --tls-ca go together, and not with --insecure")]
@@ -119,10 +117,10 @@ pub struct RunArgs {
     /// the firmware is offered them through fw_cfg, as with QEMU's -kernel
     /// (OVMF boots them); without, it boots what it finds. The image is not part of a snapshot
     /// or a migration: --restore and --incoming are given the same image
-    /// again (checked by size and SHA-256). Not for a COLO pair. Here
-    /// the firmware runs in KVM's instruction emulator (docs/firmware.md).
-    #[arg(long, value_name = "PATH",
-          conflicts_with_all = ["print_cmdline", "colo"])]
+    /// again (checked by size and SHA-256), and so is a COLO secondary
+    /// (--colo secondary). Here the firmware runs in KVM's instruction
+    /// emulator (docs/firmware.md).
+    #[arg(long, value_name = "PATH", conflicts_with = "print_cmdline")]
     #[serde(default)]
     pub firmware: Option<PathBuf>,
     /// Initial ramdisk (uncompressed cpio boots fastest).
@@ -348,9 +346,10 @@ impl RunArgs {
     }
 
     /// A firmware VM takes an initrd and a command line only with a kernel
-    /// (for it to load), prints no command line and is not a COLO
-    /// secondary (the command line's conflicts are clap's; these also
-    /// catch a `--config` file's).
+    /// (for it to load) and prints no command line (the command line's
+    /// conflicts are clap's; these also catch a `--config` file's). A COLO
+    /// secondary may be one: its image is checked against the primary's
+    /// as an incoming migration's is.
     pub(crate) fn check_firmware(&self) -> Result<(), RunArgsError> {
         if self.firmware.is_none() {
             return Ok(());
@@ -362,9 +361,6 @@ impl RunArgs {
             if let Some(option) = self.kernel_option() {
                 return Err(RunArgsError::FirmwareWithoutKernel(option));
             }
-        }
-        if self.colo.is_some() {
-            return Err(RunArgsError::FirmwareAndColo);
         }
         Ok(())
     }
