@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Live-migration benchmark: tandem (its migration thread, and --mode inline
 # in the device thread's event loop) vs QEMU 7.2 (Debian's qemu-system-x86,
-# -M microvm, TCG), same kernel, initramfs and command line, 1 vCPU, one
-# virtio-net NIC, in one run, per guest size (--sizes, MiB), workload (idle;
-# dirty: tandem-dirty 256 200 in the guest) and bandwidth (--bandwidths,
+# -M microvm, TCG), same kernel, initramfs and command line, --cpus vCPUs
+# (default 1; QEMU: -smp), one virtio-net NIC, in one run, per guest size
+# (--sizes, MiB), workload (idle; dirty: tandem-dirty 256 200 in the guest,
+# with N vCPUs N x tandem-dirty 256/N 200/N, one pinned to each vCPU:
+# --dirty-mib and --dirty-rate change the totals) and bandwidth (--bandwidths,
 # MiB/s, 0 = unlimited), downtime budget 300 ms, auto-converge on. Each
 # VMM boots one guest per size and snapshots it per workload (tandem-jitter
 # and tandem-dirty started before, so restored guests dirty at once); each
@@ -17,7 +19,8 @@
 # a few hundred MiB) removed at the end; VMMs are killed on every exit path.
 # It boots guests (tandem: minutes each on this host, and minutes more for
 # tandem-dirty's first touch): run it under the guest lock.
-# Usage: flock /tmp/tandem-guest.lock bench/migrate.sh [--runs N] [--sizes 512,2048]
+# Usage: flock /tmp/tandem-guest.lock bench/migrate.sh [--runs N] [--sizes 512,2048] [--cpus 1]
+#            [--dirty-mib 256] [--dirty-rate 200]
 #            [--workloads idle,dirty] [--bandwidths 0,128] [--modes thread,inline,qemu]
 #            [--timeout-s 120] [--tmpdir DIR]
 source "$(dirname "$0")/common.sh"

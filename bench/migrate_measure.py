@@ -2,7 +2,8 @@
 """Live-migration benchmark: tandem (KVM; the migration in its own thread,
 and `--mode inline` in the device thread's event loop) vs QEMU 7.2
 (microvm, TCG: QEMU with KVM cannot reach user space on this host), same
-kernel, initramfs and command line, 1 vCPU, one virtio-net NIC.
+kernel, initramfs and command line, --cpus vCPUs (QEMU: -smp; default 1),
+one virtio-net NIC.
 
 Per guest size, each VMM boots one guest once, on a tap on a bridge in a
 network namespace made here (the host's address on the bridge, the guest's
@@ -10,6 +11,10 @@ from the kernel command line, tandem.ip=), starts `tandem-jitter` (sends
 its gaps to the bench over UDP) and is snapshotted: `idle` as it is, then
 `dirty` once `tandem-dirty 256 200` has touched its 256 MiB (minutes under
 tandem here: every page fault is emulated) and rewrites them at 200 MiB/s.
+With N vCPUs the dirtying is N `tandem-dirty 256/N 200/N`, one pinned to
+each vCPU (`taskset -c`), started one after another, each once the one
+before said it is ready: the same memory and (integer division aside) the
+same total rate (--dirty-mib, --dirty-rate change the totals).
 Then per run, interleaved (the order of the modes alternates between runs),
 for each workload, bandwidth and mode: a source restored from the snapshot
 (tandem `run --restore F`; QEMU `-incoming "exec:cat F"` + `cont`) and a
@@ -44,7 +49,7 @@ from snapshot_measure import Console, Qmp
 GUEST, HOST, PREFIX = "192.0.2.2", "192.0.2.1", 24
 MAC = "52:54:00:12:34:56"
 JITTER_PORT = 7777
-DIRTY_MIB, DIRTY_RATE = 256, 200
+DIRTY_MIB, DIRTY_RATE = 256, 200  # the defaults of --dirty-mib, --dirty-rate
 GRACE_S = 1.0  # "during" runs on this long after the migration ended
 TANDEM_MODES, QEMU_MODE = ("thread", "inline"), "qemu"
 LABELS = {"thread": "tandem thread", "inline": "tandem inline", "qemu": "QEMU (TCG)"}
@@ -91,6 +96,9 @@ class Guest:
         self.con.run(f"tandem-jitter {HOST}:{JITTER_PORT} & true", a.cmd_timeout)
         jit.wait(t, 120, "after the boot")
         log(f"{self.mem_mib} MiB {self.name}: booted in {booted:.1f} s, tandem-jitter reports")
+        online = self.con.run("echo cpus=$(nproc)", a.cmd_timeout)
+        if f"cpus={a.cpus}" not in online:
+            raise RuntimeError(f"the guest has not {a.cpus} vCPUs online: {online.strip()!r}")
         if "idle" in workloads:
             snaps["idle"] = self.save("idle", resume=True)
         if "dirty" in workloads:
@@ -99,11 +107,7 @@ class Guest:
             # more (19.6 min instead of ~4 for 256 MiB here).
             self.con.run("killall tandem-jitter; while pidof tandem-jitter; do sleep 1; done",
                          a.cmd_timeout)
-            t = time.monotonic()
-            out = self.con.run(f"tandem-dirty {DIRTY_MIB} {DIRTY_RATE} & true", a.cmd_timeout)
-            while not (m := re.search(r"tandem-dirty: \d+ MiB ready in \d+ ms", out)):
-                out += self.con.wait_for(b"\n", a.dirty_timeout)
-            log(f"{self.mem_mib} MiB {self.name}: {m.group(0)} ({time.monotonic() - t:.0f} s wall)")
+            self.start_dirty()
             t = time.monotonic()
             self.con.run(f"tandem-jitter {HOST}:{JITTER_PORT} & true", a.cmd_timeout)
             jit.wait(t, 30, "with tandem-dirty running")
@@ -112,6 +116,22 @@ class Guest:
         self.ctl = None
         kill(self.proc)
         self.proc = None
+
+    def start_dirty(self):
+        """The dirtying load: one tandem-dirty per vCPU, pinned to it when
+        there are several, each started once the one before is ready (its
+        first touch alone: freshly started processes side by side are at
+        risk on this host, design.md §9)."""
+        a = self.args
+        mib, rate = dirty_split(a)
+        for cpu in range(a.cpus):
+            pin = f"taskset -c {cpu} " if a.cpus > 1 else ""
+            t = time.monotonic()
+            out = self.con.run(f"{pin}tandem-dirty {mib} {rate} & true", a.cmd_timeout)
+            while not (m := re.search(r"tandem-dirty: \d+ MiB ready in \d+ ms", out)):
+                out += self.con.wait_for(b"\n", a.dirty_timeout)
+            log(f"{self.mem_mib} MiB {self.name}: {pin}{m.group(0)} "
+                f"({time.monotonic() - t:.0f} s wall)")
 
     def save(self, workload, resume):
         path = os.path.join(self.tmp, f"{self.tag}-{self.mem_mib}-{workload}.snap")
@@ -162,6 +182,22 @@ class Guest:
             unlink(*run.get("files", []))
 
 
+def dirty_split(args):
+    """Each vCPU's tandem-dirty: (MiB, MiB/s), the totals split evenly."""
+    return max(1, args.dirty_mib // args.cpus), max(1, args.dirty_rate // args.cpus)
+
+
+def dirty_text(args):
+    mib, rate = dirty_split(args)
+    one = f"tandem-dirty {mib} {rate}"
+    return one if args.cpus == 1 else f"{args.cpus} x {one} (one pinned per vCPU)"
+
+
+def label(args, mode):
+    """A row's label: the VMM, and the vCPU count when it is not 1."""
+    return LABELS[mode] if args.cpus == 1 else f"{LABELS[mode]} {args.cpus}vCPU"
+
+
 def felt(pings, jit, marks, t_end):
     """What the guest felt: quiet [t_quiet, t_before), before [t_before, t0),
     during [t0, t1 + GRACE_S]; where the largest gap during ended, from
@@ -187,7 +223,7 @@ class TandemGuest(Guest, sm.Tandem):
     name = "tandem (KVM)"
 
     def boot_cmd(self):
-        return super().boot_cmd() + self.net(0)
+        return super().boot_cmd() + ["--cpus", str(self.args.cpus)] + self.net(0)
 
     def net(self, i):
         return ["--net", f"tap={Bridge.TAPS['tandem'][i]},mac={MAC}"]
@@ -206,7 +242,8 @@ class TandemGuest(Guest, sm.Tandem):
         sock = os.path.join(self.tmp, "tandem-mig.sock")
         api = os.path.join(self.tmp, "tandem-dst.api")
         p = spawn([self.args.tandem, "run", "--incoming", f"unix:{sock}", "--mem", self.mem,
-                   "--api-sock", api] + self.net(1), err + ".dst")
+                   "--cpus", str(self.args.cpus), "--api-sock", api] + self.net(1),
+                  err + ".dst")
         run["procs"].append(p)
         run.update(dst=p, dst_con=Console(p), to=f"unix:{sock}", dst_err=err + ".dst")
         run["files"] += [sock, api]
@@ -259,7 +296,9 @@ class QemuGuest(Guest, sm.Qemu):
 
     def vm_cmd(self, qmp_path, i):
         tap = Bridge.TAPS["qemu"][i]
-        return self.base_cmd(qmp_path) + [
+        cmd = self.base_cmd(qmp_path)
+        cmd[cmd.index("-smp") + 1] = str(self.args.cpus)
+        return cmd + [
             "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no,vhost=off",
             "-device", f"virtio-net-device,netdev=n0,mac={MAC}"]
 
@@ -446,7 +485,8 @@ def fmt(v):
 
 
 def report(args, results):
-    print(f"\nMigration benchmark: 1 vCPU, one virtio-net NIC on a bridge, source restored "
+    cpus = f"{args.cpus} vCPU" + ("s" if args.cpus > 1 else "")
+    print(f"\nMigration benchmark: {cpus}, one virtio-net NIC on a bridge, source restored "
           f"from a snapshot per run, downtime budget {args.downtime_ms} ms, auto-converge on, "
           f"time limit {args.timeout_s} s, {args.runs} run(s); tandem (KVM, this host emulates "
           f"the guest kernel) vs QEMU 7.2 microvm (TCG); min/median per figure; gaps: the "
@@ -455,7 +495,7 @@ def report(args, results):
           f"{args.ping_ms:g} ms; ratio rows: median/median")
     summary = {"bench": "migrate", "runs": args.runs, "downtime_ms": args.downtime_ms,
                "auto_converge": True, "timeout_s": args.timeout_s, "ping_ms": args.ping_ms,
-               "dirty": f"tandem-dirty {DIRTY_MIB} {DIRTY_RATE}", "cases": []}
+               "cpus": args.cpus, "dirty": dirty_text(args), "cases": []}
     for key, case in results.items():
         print_case(args, key, case)
         summary["cases"] += case_json(args, key, case)
@@ -473,26 +513,28 @@ def report(args, results):
 
 def print_case(args, key, case):
     mem, wl, bw = key
-    print(f"\n{mem} MiB, {wl}, bandwidth {f'{bw} MiB/s' if bw else 'unlimited'}")
-    print(f"{'':<15}" + "".join(f"{h:>12}" for _, h, _ in FIGURES) + f"{'converged':>10}")
+    vcpus = "" if args.cpus == 1 else f", {args.cpus} vCPUs"
+    print(f"\n{mem} MiB{vcpus}, {wl}, bandwidth {f'{bw} MiB/s' if bw else 'unlimited'}")
+    w = 15 if args.cpus == 1 else 21
+    print(f"{'':<{w}}" + "".join(f"{h:>12}" for _, h, _ in FIGURES) + f"{'converged':>10}")
     for m in args.modes:
         rs = case.get(m, {}).get("runs", [])
         n = len(rs) + len(case.get(m, {}).get("failures", []))
         conv = f"{sum(1 for r in rs if r['converged'])}/{n}"
-        print(f"{LABELS[m]:<15}" + "".join(f"{cell(rs, k, f):>12}" for k, _, f in FIGURES)
+        print(f"{label(args, m):<{w}}" + "".join(f"{cell(rs, k, f):>12}" for k, _, f in FIGURES)
               + f"{conv:>10}")
     q = case.get(QEMU_MODE, {}).get("runs", [])
     for m in TANDEM_MODES:
         if m in args.modes and QEMU_MODE in args.modes:
             rs = case.get(m, {}).get("runs", [])
-            print(f"{m + '/QEMU':<15}" + "".join(
+            print(f"{m + '/QEMU':<{w}}" + "".join(
                 f"{ratio(median(rs, k), median(q, k)):>12}" for k, _, _ in FIGURES))
     for line in targets(case, args.modes):
         print(line)
     for m in args.modes:
         c = case.get(m, {})
         for why in c.get("failures", []) + [r["why"] for r in c.get("runs", []) if r.get("why")]:
-            print(f"  {LABELS[m]}: {why[:400]}")
+            print(f"  {label(args, m)}: {why[:400]}")
 
 
 def case_json(args, key, case):
@@ -500,7 +542,8 @@ def case_json(args, key, case):
     out = []
     for m in args.modes:
         rs = case.get(m, {}).get("runs", [])
-        out.append({"mib": mem, "workload": wl, "bandwidth_mib": bw, "mode": m, "runs": rs,
+        out.append({"mib": mem, "cpus": args.cpus, "workload": wl, "bandwidth_mib": bw,
+                    "mode": m, "runs": rs,
                     "failures": case.get(m, {}).get("failures", []),
                     "figures": {k: {"min": sm.mm(values(rs, k))[0], "median": median(rs, k)}
                                 for k, _, _ in FIGURES}})
@@ -548,7 +591,8 @@ def one(args, g, snap, case, mode, run, jit, tmp, results):
     mem, wl, bw = case
     slot = results.setdefault(case, {}).setdefault(mode, {"runs": [], "failures": []})
     err = os.path.join(tmp, f"{mem}-{wl}-{bw}-{mode}-{run}")
-    tag = f"{mem} MiB {wl} bw {bw or 'unlimited'} {LABELS[mode]} run {run + 1}/{args.runs}"
+    tag = (f"{mem} MiB {wl} bw {bw or 'unlimited'} {label(args, mode)} "
+           f"run {run + 1}/{args.runs}")
     try:
         r = g.migration(snap, mode, bw, jit, err)
     except Exception as e:  # report, do not hide
@@ -578,6 +622,12 @@ def describe(r):
 def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cpus", type=int, default=1,
+                    help="vCPUs of every guest (QEMU: -smp); the dirtying load runs on each")
+    ap.add_argument("--dirty-mib", type=int, default=DIRTY_MIB,
+                    help="memory the dirtying load rewrites, all vCPUs together")
+    ap.add_argument("--dirty-rate", type=int, default=DIRTY_RATE,
+                    help="MiB/s it rewrites, all vCPUs together")
     ap.add_argument("--sizes", default="512,2048", help="guest memory sizes in MiB")
     ap.add_argument("--workloads", default="idle,dirty", help="idle, dirty")
     ap.add_argument("--bandwidths", default="0,128", help="MiB/s; 0: unlimited")
@@ -607,6 +657,8 @@ def parse_args():
     for m in args.modes:
         if m not in LABELS:
             ap.error(f"unknown mode {m}")
+    if not 1 <= args.cpus <= 32:
+        ap.error("--cpus: 1 to 32")
     args.cmdline += f" tandem.ip={GUEST}/{PREFIX}"
     return args
 

@@ -12,6 +12,11 @@
 //! bare taps that carry no traffic, so a restored guest holds no neighbour
 //! entries of that host side.
 //!
+//! The SMP base guest ([`base_smp`], [`TestVm::restore_base_smp`]): the
+//! same guest with [`SMP_CPUS`] vCPUs, made the same way, once per run on
+//! first use, in a directory of its own: `smp` under `TANDEM_TEST_BASE`,
+//! or `target/test-base-smp/KEY` without it (its KEY hashes `--cpus` too).
+//!
 //! Sharing: test.sh exports `TANDEM_TEST_BASE`, a directory of its own per
 //! run, removed at exit. The first test (of any test binary, on any thread)
 //! that asks for the base creates it there under an exclusive `flock` on
@@ -74,19 +79,37 @@ pub struct Base {
     pub disk: PathBuf,
 }
 
-/// The base of this run, created by the first caller.
+/// The vCPU count of the SMP base guest ([`base_smp`]).
+pub const SMP_CPUS: u32 = 2;
+
+/// A base slot of this process: empty until its first caller made (or
+/// found) the base, then the base or why there is none.
+type Slot = Mutex<Option<Result<Base, String>>>;
+
+/// The base of this run (1 vCPU), created by the first caller.
 pub fn base() -> Base {
+    static BASE: Slot = Mutex::new(None);
+    base_in(&BASE, 1)
+}
+
+/// The SMP base of this run ([`SMP_CPUS`] vCPUs, otherwise the base
+/// guest), created by its first caller.
+pub fn base_smp() -> Base {
+    static BASE_SMP: Slot = Mutex::new(None);
+    base_in(&BASE_SMP, SMP_CPUS)
+}
+
+fn base_in(slot: &Slot, cpus: u32) -> Base {
     // One creator per process; other processes wait on the file lock.
-    static BASE: Mutex<Option<Result<Base, String>>> = Mutex::new(None);
-    let mut slot = BASE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
     if slot.is_none() {
-        let dir = base_dir();
-        let r = std::panic::catch_unwind(|| shared_base(&dir.0, dir.1)).map_err(panic_text);
+        let dir = base_dir(cpus);
+        let r = std::panic::catch_unwind(|| shared_base(&dir.0, dir.1, cpus)).map_err(panic_text);
         *slot = Some(r);
     }
     match slot.as_ref().unwrap() {
         Ok(b) => b.clone(),
-        Err(e) => panic!("no base snapshot: {e}"),
+        Err(e) => panic!("no base snapshot ({cpus} vCPU): {e}"),
     }
 }
 
@@ -97,15 +120,19 @@ fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "base creation panicked".into())
 }
 
-/// The base directory and whether it belongs to this run only (then a
-/// failure is recorded there for the run's later callers).
-fn base_dir() -> (PathBuf, bool) {
+/// The directory of the base with `cpus` vCPUs and whether it belongs to
+/// this run only (then a failure is recorded there for the run's later
+/// callers). The SMP base's is apart from the 1-vCPU base's, so that
+/// neither prunes the other ([`prune_other_keys`]).
+fn base_dir(cpus: u32) -> (PathBuf, bool) {
+    let smp = cpus != 1;
     if let Some(d) = std::env::var_os("TANDEM_TEST_BASE") {
-        return (PathBuf::from(d), true);
+        let d = PathBuf::from(d);
+        return (if smp { d.join("smp") } else { d }, true);
     }
     let mut h = Sha256::new();
     // The recipe: the boot arguments, and the disk's size.
-    for arg in boot_args(Path::new("DISK"), Path::new("SOCK")) {
+    for arg in boot_args(Path::new("DISK"), Path::new("SOCK"), cpus) {
         h.update(arg);
         h.update([0]);
     }
@@ -127,7 +154,8 @@ fn base_dir() -> (PathBuf, bool) {
         }
     }
     let key = hex(&h.finalize()[..8]);
-    (target_dir().join("test-base").join(key), false)
+    let parent = if smp { "test-base-smp" } else { "test-base" };
+    (target_dir().join(parent).join(key), false)
 }
 
 /// target/ (the parent of the profile directory holding tandem).
@@ -173,7 +201,7 @@ impl DirLock {
     }
 }
 
-fn shared_base(dir: &Path, per_run: bool) -> Base {
+fn shared_base(dir: &Path, per_run: bool, cpus: u32) -> Base {
     std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let _lock = DirLock::take(dir, true);
     let b = Base {
@@ -191,10 +219,13 @@ fn shared_base(dir: &Path, per_run: bool) -> Base {
         }
     }
     let t = Instant::now();
-    match std::panic::catch_unwind(|| create(dir, &b)) {
+    match std::panic::catch_unwind(|| create(dir, &b, cpus)) {
         Ok(()) => {
             let secs = t.elapsed().as_secs_f64();
-            eprintln!("base snapshot created in {secs:.0} s: {}", dir.display());
+            eprintln!(
+                "base snapshot ({cpus} vCPU) created in {secs:.0} s: {}",
+                dir.display()
+            );
             std::fs::write(&ready, format!("created in {secs:.0} s\n")).expect("ready marker");
             if !per_run {
                 prune_other_keys(dir);
@@ -228,8 +259,9 @@ fn prune_other_keys(dir: &Path) {
 /// What the base guest runs once booted, before its snapshot.
 const QUIET_CONSOLE: &str = "dmesg -n 1";
 
-/// `tandem run` arguments that boot the base guest (on taps tap0 and tap1).
-fn boot_args(disk: &Path, sock: &Path) -> Vec<String> {
+/// `tandem run` arguments that boot the base guest with `cpus` vCPUs (on
+/// taps tap0 and tap1).
+fn boot_args(disk: &Path, sock: &Path, cpus: u32) -> Vec<String> {
     let path = |p: PathBuf| p.to_str().expect("UTF-8 path").to_string();
     [
         "--kernel".into(),
@@ -239,7 +271,7 @@ fn boot_args(disk: &Path, sock: &Path) -> Vec<String> {
         "--mem".into(),
         "128M".into(),
         "--cpus".into(),
-        "1".into(),
+        cpus.to_string(),
         "--cmdline".into(),
         CMDLINE.into(),
         "--net".into(),
@@ -254,8 +286,9 @@ fn boot_args(disk: &Path, sock: &Path) -> Vec<String> {
     .into()
 }
 
-/// Boots the base guest in a namespace of its own, snapshots it and ends it.
-fn create(dir: &Path, b: &Base) {
+/// Boots the base guest with `cpus` vCPUs in a namespace of its own,
+/// snapshots it and ends it.
+fn create(dir: &Path, b: &Base, cpus: u32) {
     let snap_tmp = dir.join("base.snap.tmp");
     for f in [&b.snapshot, &b.disk, &snap_tmp] {
         let _ = std::fs::remove_file(f);
@@ -269,13 +302,18 @@ fn create(dir: &Path, b: &Base) {
     let t = Instant::now();
     let mut vm = TestVm::start_with(
         ns.command(tandem_bin().to_str().unwrap()),
-        &boot_args(&b.disk, &sock)
+        &boot_args(&b.disk, &sock, cpus)
             .iter()
             .map(String::as_str)
             .collect::<Vec<_>>(),
     );
     vm.wait_ready();
-    eprintln!("base guest booted in {:.0} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "base guest ({cpus} vCPU) booted in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+    let online = vm.ok("nproc", crate::CMD_TIMEOUT);
+    assert_eq!(online, cpus.to_string(), "the base guest's CPUs online");
     // Kernel messages (e.g. "hrtimer: interrupt took N ns" under load)
     // would land in the middle of a command's output on the console: only
     // emergencies reach it in the base and every restore of it.
@@ -339,10 +377,22 @@ pub fn device_args(taps: [&str; 2], disk: &Path) -> Vec<String> {
 
 /// A copy of the base disk (the caller removes it).
 pub fn disk_copy() -> PathBuf {
-    let copy = scratch("disk");
-    std::fs::copy(&base().disk, &copy)
-        .unwrap_or_else(|e| panic!("copy the base disk to {}: {e}", copy.display()));
-    copy
+    base().disk_copy()
+}
+
+/// A copy of the SMP base's disk (the caller removes it).
+pub fn disk_copy_smp() -> PathBuf {
+    base_smp().disk_copy()
+}
+
+impl Base {
+    /// A copy of this base's disk (the caller removes it).
+    pub fn disk_copy(&self) -> PathBuf {
+        let copy = scratch("disk");
+        std::fs::copy(&self.disk, &copy)
+            .unwrap_or_else(|e| panic!("copy the base disk to {}: {e}", copy.display()));
+        copy
+    }
 }
 
 impl TestVm {
@@ -363,7 +413,24 @@ impl TestVm {
     /// [`TestVm::restore_base`] on the disk image `copy` (a [`disk_copy`]),
     /// which the caller keeps and removes.
     pub fn restore_base_on(ns: &NetNs, taps: [&str; 2], copy: &Path, extra: &[&str]) -> TestVm {
-        let b = base();
+        Self::restore_from(&base(), ns, taps, copy, extra)
+    }
+
+    /// [`TestVm::restore_base`] of the SMP base ([`base_smp`]).
+    pub fn restore_base_smp(ns: &NetNs, taps: [&str; 2], extra: &[&str]) -> TestVm {
+        let copy = disk_copy_smp();
+        let mut vm = Self::restore_base_smp_on(ns, taps, &copy, extra);
+        vm.remove_on_drop(copy);
+        vm
+    }
+
+    /// [`TestVm::restore_base_on`] of the SMP base, on `copy` (a
+    /// [`disk_copy_smp`]), which the caller keeps and removes.
+    pub fn restore_base_smp_on(ns: &NetNs, taps: [&str; 2], copy: &Path, extra: &[&str]) -> TestVm {
+        Self::restore_from(&base_smp(), ns, taps, copy, extra)
+    }
+
+    fn restore_from(b: &Base, ns: &NetNs, taps: [&str; 2], copy: &Path, extra: &[&str]) -> TestVm {
         let nets = [net_arg(0, taps[0]), net_arg(1, taps[1])];
         let disk = disk_arg(copy);
         let mut args = vec![
@@ -381,7 +448,8 @@ impl TestVm {
         let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
         vm.ok("true", crate::CMD_TIMEOUT);
         eprintln!(
-            "restored the base guest in {:.1} s",
+            "restored the base guest ({}) in {:.1} s",
+            b.snapshot.display(),
             t.elapsed().as_secs_f64()
         );
         vm
