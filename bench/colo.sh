@@ -9,7 +9,7 @@
 # sit on a bridge in a network namespace made and removed here. It boots a
 # guest: run it under the guest lock.
 # Usage: flock /tmp/tandem-guest.lock bench/colo.sh [--runs N] [--seconds S]
-#            [--period-ms P] [--mem MIB] [--dirty-mib M] [--dirty-rate R]
+#            [--period-ms P] [--mem MIB] [--cpus N] [--dirty-mib M] [--dirty-rate R]
 #            [--traffic-seconds T] [--traffic-ping-ms P] [--queue-policies drop,checkpoint]
 #            [--conns N] [--max-queue Q] [--hosts-runs N] [--lease-ttl-s S]
 #            [--channels 1,2,4] [--transports tcp,tls]

@@ -133,7 +133,7 @@ def one(args, snap, tmp, n, home):
         s = spawn(["ip", "netns", "exec", hosts.ns["b"], args.tandem, "run", "--colo",
                    "secondary", "--colo-listen", f"tcp:{REP_B}:7700", "--colo-arbiter",
                    hosts.arbiter("b", f"bench{n}"), "--colo-lease-ttl-s", ttl,
-                   "--mem", f"{args.mem}M", "--api-sock", api_s,
+                   "--mem", f"{args.mem}M", "--cpus", str(args.cpus), "--api-sock", api_s,
                    "--net", f"tap=tap0,mac={MAC}", *tls_b], err + ".s")
         procs.append(s)
         wait("the secondary listens", 60, lambda: "waiting for a migration" in tail(err + ".s", 50))

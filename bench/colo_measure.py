@@ -72,16 +72,25 @@ def tap(i):
 def snapshot(args, tmp):
     """Boots the guest, starts the load, saves the snapshot; its path."""
     g = sm.Tandem(args, args.mem, tmp)
-    g.boot_cmd = lambda: sm.Tandem.boot_cmd(g) + ["--net", f"tap={tap(0)},mac={MAC}"]
+    g.boot_cmd = lambda: sm.Tandem.boot_cmd(g) + ["--cpus", str(args.cpus),
+                                                  "--net", f"tap={tap(0)},mac={MAC}"]
     try:
         booted = g.boot()
         log(f"booted in {booted:.1f} s")
         g.con.run(traffic.SERVICES, 60)
+        online = g.con.run("echo cpus=$(nproc)", 60)
+        if f"cpus={args.cpus}" not in online:
+            raise RuntimeError(f"the guest has not {args.cpus} vCPUs online: {online!r}")
         t = time.monotonic()
-        out = g.con.run(f"tandem-dirty {args.dirty_mib} {args.dirty_rate} & true", 60)
-        while "ready in" not in out:
-            out += g.con.wait_for(b"\n", args.cmd_timeout)
-        log(f"tandem-dirty {args.dirty_mib} MiB ready ({time.monotonic() - t:.0f} s)")
+        # One load per vCPU, pinned, sharing the total (the same total as
+        # with one vCPU).
+        mib, rate = max(1, args.dirty_mib // args.cpus), max(1, args.dirty_rate // args.cpus)
+        for cpu in range(args.cpus):
+            pin = f"taskset -c {cpu} " if args.cpus > 1 else ""
+            out = g.con.run(f"{pin}tandem-dirty {mib} {rate} & true", 60)
+            while "ready in" not in out:
+                out += g.con.wait_for(b"\n", args.cmd_timeout)
+        log(f"tandem-dirty: {args.cpus} x {mib} MiB ready ({time.monotonic() - t:.0f} s)")
         path = os.path.join(tmp, "colo.snap")
         g.pause()
         g.snapshot(path)
@@ -124,6 +133,7 @@ class Pair:
         args = self.args
         s = spawn([args.tandem, "run", "--colo", "secondary", "--colo-listen",
                    self.addr, "--colo-lease", self.lease, "--mem", f"{args.mem}M",
+                   "--cpus", str(args.cpus),
                    "--api-sock", self.api_s, "--net", f"tap={tap(1)},mac={MAC}", *self.sec],
                   self.err + ".s")
         self.procs.append(s)
@@ -168,7 +178,8 @@ def stages(prim, sec):
                                               "released_at_checkpoint")},
             "mismatched_by": c.get("mismatched_by"),
             "proxies": {"primary": prim.get("proxy"), "secondary": sec.get("proxy")},
-            "checkpoints_by_reason": (prim.get("checkpoints") or {}).get("by_reason")}
+            "checkpoints_by_reason": (prim.get("checkpoints") or {}).get("by_reason"),
+            "pause": prim.get("pause_stages")}
 
 
 def stage_lines(st):
@@ -184,6 +195,8 @@ def stage_lines(st):
         for k, v in (st.get(side) or {}).items():
             if v and v.get("count"):
                 out.append(f"{side} {k}: {h(v)}")
+    for k, v in (st.get("pause") or {}).items():
+        out.append(f"checkpoint pause, {k}: {h(v)}")
     out.append(f"held until matched: {h(holds.get('matched'))}")
     out.append(f"held until a checkpoint: {h(holds.get('checkpoint'))}")
     out.append(f"released: {st.get('released')}, at checkpoints by reason: "
@@ -359,7 +372,8 @@ def latency_targets(runs):
 
 
 def report(args, runs, failures, queues, qemu, hosts, chans, trans):
-    print(f"COLO benchmark: {args.mem} MiB guest, 1 vCPU, tandem-dirty {args.dirty_mib} MiB at "
+    print(f"COLO benchmark: {args.mem} MiB guest, {args.cpus} vCPU(s), tandem-dirty "
+          f"{args.dirty_mib} MiB at "
           f"{args.dirty_rate} MiB/s, checkpoint every {args.period_ms} ms, heartbeat "
           f"{args.heartbeat_ms}/{args.timeout_ms} ms, {args.seconds:.0f} s per run, "
           f"{len(runs)} run(s) ({len(failures)} failed); min/median")
@@ -425,6 +439,8 @@ def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--mem", type=int, default=128, help="MiB")
+    ap.add_argument("--cpus", type=int, default=1,
+                    help="vCPUs of the guest (a pinned dirtying load on each)")
     ap.add_argument("--seconds", type=float, default=30.0, help="protected, per run")
     ap.add_argument("--period-ms", type=int, default=1000)
     ap.add_argument("--heartbeat-ms", type=int, default=100)

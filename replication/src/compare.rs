@@ -229,6 +229,8 @@ pub struct Holds {
     pub checkpoint_by_reason: ByCheckpoint,
     /// And by their protocol (what the secondary did not match).
     pub checkpoint_by_protocol: ByProtocol,
+    /// Frames released by a match, by protocol.
+    pub matched_by_protocol: ByProtocol,
 }
 
 /// A held primary frame.
@@ -541,6 +543,7 @@ impl Compare {
             self.holds
                 .matched
                 .record(now.saturating_duration_since(h.at));
+            self.holds.matched_by_protocol.add(h.proto);
             self.counters.matched += 1;
             self.counters.released += 1;
             out.push(Action::Release {

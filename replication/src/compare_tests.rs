@@ -304,6 +304,8 @@ fn holds_are_timed_by_what_released_them_and_mismatches_by_protocol() {
     assert_eq!(h.checkpoint_by_reason.period, 0);
     let by = &x.c.counters().mismatched_by;
     assert_eq!((by.tcp, by.udp, by.icmp), (0, 0, 1));
+    let (m, c) = (&h.matched_by_protocol, &h.checkpoint_by_protocol);
+    assert_eq!((m.icmp, c.icmp, m.tcp + m.udp + c.tcp + c.udp), (1, 1, 0));
 }
 
 #[test]

@@ -32,7 +32,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tandem_tests::base::{
-    device_args, disk_copy_smp, scratch, BASE_MEM, HOST_IP0, PREFIX, SMP_CPUS,
+    device_args, disk_copy_smp, scratch, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX, SMP_CPUS,
 };
 use tandem_tests::colo::{checkpoint_now, status, wait_checkpoints, wait_until};
 use tandem_tests::netns::NetNs;
@@ -412,6 +412,98 @@ fn secondary(ns: &NetNs, addr: &str, lease: &Path, api: &Path, image: PathBuf) -
     vm
 }
 
+/// 100 pings every 20 ms through the protected pair (both vCPUs
+/// loaded): every reply comes, and each leaves the compare because the
+/// secondary's guest answered the same (a match), not because a
+/// checkpoint released it; a few may be held when a periodic checkpoint
+/// starts (the secondary's answer not there yet), never more.
+fn released_by_a_match(ns: &NetNs, api: &std::path::Path) {
+    let icmp = |s: &serde_json::Value, by: &str| s["holds"][by]["icmp"].as_u64().unwrap_or(0);
+    let before = status(api);
+    let out = ns
+        .command("ping")
+        .args(["-q", "-c", "100", "-i", "0.02", "-W", "2", GUEST_IP0])
+        .output()
+        .expect("ping");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("100 received"),
+        "ping through the pair: {text}"
+    );
+    // The proxy copies its counters into the report every 100 ms: read
+    // them once every reply is counted (or a second has passed).
+    let counted = |s: &serde_json::Value| {
+        let m = icmp(s, "matched_by_protocol") - icmp(&before, "matched_by_protocol");
+        (
+            m,
+            icmp(s, "checkpoint_by_protocol") - icmp(&before, "checkpoint_by_protocol"),
+        )
+    };
+    let mut s = status(api);
+    let until = Instant::now() + Duration::from_secs(1);
+    while counted(&s).0 + counted(&s).1 < 100 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        s = status(api);
+    }
+    let (matched, at_cp) = counted(&s);
+    phase(&format!(
+        "colo: 100 pings through the pair: {matched} replies matched, {at_cp} released by a \
+         checkpoint; {}",
+        text.lines().last().unwrap_or_default()
+    ));
+    assert!(
+        matched >= 97 && at_cp <= 3,
+        "ping replies: {matched} released by a match, {at_cp} by a checkpoint: {}",
+        s["holds"]
+    );
+    pings_across_checkpoints(ns, api);
+}
+
+/// 100 pings every 20 ms while a checkpoint is asked every 100 ms: each
+/// checkpoint cuts the client's frames where the primary's guest took
+/// them, and the secondary's guest gets the same ones from there, so no
+/// reply ever differs (an echo request reaching one guest and not the
+/// other makes the next replies mismatch).
+fn pings_across_checkpoints(ns: &NetNs, api: &std::path::Path) {
+    let before = status(api);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let text = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let (code, a) = ctl(api, &["colo-checkpoint"]);
+                assert_eq!(code, 0, "colo-checkpoint: {a}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let out = ns
+            .command("ping")
+            .args(["-q", "-c", "100", "-i", "0.02", "-W", "2", GUEST_IP0])
+            .output()
+            .expect("ping");
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    let s = status(api);
+    let cps = |s: &serde_json::Value| s["checkpoints"]["total"].as_u64().unwrap_or(0);
+    let icmp = |s: &serde_json::Value| s["compare"]["mismatched_by"]["icmp"].as_u64();
+    phase(&format!(
+        "colo: 100 pings across {} checkpoints: {}; {}",
+        cps(&s) - cps(&before),
+        text.lines().last().unwrap_or_default(),
+        compare_line(&s)
+    ));
+    assert!(
+        text.contains("100 received"),
+        "ping across checkpoints: {text}"
+    );
+    assert!(
+        cps(&s) >= cps(&before) + 10,
+        "checkpoints: {}",
+        s["checkpoints"]
+    );
+    assert_eq!(icmp(&s), icmp(&before), "ICMP mismatches: {}", s["compare"]);
+}
+
 /// The compare's counters and the checkpoints by reason, for the log.
 fn compare_line(s: &serde_json::Value) -> String {
     let c = &s["compare"];
@@ -475,6 +567,8 @@ fn a_two_vcpu_pair_fails_over_with_both_vcpus_loaded() {
     assert_eq!(code, 0, "colo-start: {a}");
     wait_checkpoints(&primary_api, 1);
     phase("colo: protected");
+    released_by_a_match(&ns, &primary_api);
+    let before = status(&primary_api);
     let stream = Stream::start(&mut primary, &ns, 5001, 41, THROUGH);
     let seen = status(&primary_api)["checkpoints"]["total"]
         .as_u64()
@@ -484,6 +578,15 @@ fn a_two_vcpu_pair_fails_over_with_both_vcpus_loaded() {
         "colo: checkpoints with the stream running: {}",
         compare_line(&s)
     ));
+    // The guest's answers to the stream (its acks) leave by a match.
+    let tcp = |s: &serde_json::Value, by: &str| s["holds"][by]["tcp"].as_u64().unwrap_or(0);
+    let matched = tcp(&s, "matched_by_protocol") - tcp(&before, "matched_by_protocol");
+    let at_cp = tcp(&s, "checkpoint_by_protocol") - tcp(&before, "checkpoint_by_protocol");
+    assert!(
+        matched >= 20 && at_cp * 20 <= matched,
+        "the guest's TCP frames: {matched} released by a match, {at_cp} by a checkpoint: {}",
+        s["holds"]
+    );
 
     // A file in guest memory written after the pair started, carried to
     // the secondary by a checkpoint only.

@@ -288,6 +288,8 @@ pub struct Report {
     pub holds: Option<replication::compare::Holds>,
     /// Where frames spend their time in this side's proxy.
     pub stages: Option<stages::Stages>,
+    /// The primary's: where its checkpoints' pauses went.
+    pub pause_stages: Option<pair::PauseStages>,
     /// The primary's disk writes forwarded to the secondary, bytes.
     pub disk_bytes_forwarded: u64,
     /// The secondary's writable disks: journal and overlay.
@@ -320,6 +322,7 @@ impl Report {
             compare: None,
             holds: None,
             stages: None,
+            pause_stages: None,
             proxy: None,
             disk_bytes_forwarded: 0,
             disks: Vec::new(),

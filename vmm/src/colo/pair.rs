@@ -42,6 +42,7 @@ use crate::streams::endpoint::Conn;
 use devices::virtio::net::datagram::{Datagram, Peer};
 use devices::virtio::net::NetBackend;
 use replication::compare::{Compare, CompareConfig, QueueFull};
+use replication::histogram::Histogram;
 
 /// How long the primary waits for `Committed`: the secondary writes the
 /// pages and applies the state first.
@@ -140,6 +141,7 @@ pub fn protect(
         forward: Some(forward),
         proxy,
         channels,
+        pause_stages: PauseStages::default(),
     };
     // The first checkpoint at once: the secondary is protected from it on.
     pair.sched.request(Reason::Demand, Instant::now());
@@ -210,6 +212,7 @@ struct Pair<'a> {
     proxy: Proxy,
     /// The page channels (none: the pages go on the stream).
     channels: Vec<Conn>,
+    pause_stages: PauseStages,
 }
 
 impl Pair<'_> {
@@ -348,7 +351,10 @@ impl Pair<'_> {
                 self.fence.peer_answered(sent, self.timeout);
                 forward.committed();
                 let _ = self.sched.finished(Instant::now(), done.pause, done.bytes);
+                self.pause_stages.record(&done.parts);
+                let stages = self.pause_stages.clone();
                 self.side.update(|r| {
+                    r.pause_stages = Some(stages);
                     r.secondary_pages += done.theirs;
                     if r.recent_pauses_ms.len() == super::RECENT {
                         r.recent_pauses_ms.pop_front();
@@ -477,6 +483,42 @@ struct Done {
     bytes: u64,
     /// Pages the secondary asked for.
     theirs: u64,
+    /// Where the pause went.
+    parts: PauseParts,
+}
+
+/// Where a checkpoint's pause goes, each checkpoint's share in a
+/// histogram (`colo-status`'s `pause_stages`): stopping the vCPUs and the
+/// device thread, reading the dirty log and sending the pages, capturing
+/// and sending the state, the secondary applying it all until it answers
+/// `Committed`, and resuming.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PauseStages {
+    pub stop: Histogram,
+    pub pages: Histogram,
+    pub state: Histogram,
+    pub commit: Histogram,
+    pub resume: Histogram,
+}
+
+/// One checkpoint's share of each stage.
+#[derive(Default)]
+struct PauseParts {
+    stop: Duration,
+    pages: Duration,
+    state: Duration,
+    commit: Duration,
+    resume: Duration,
+}
+
+impl PauseStages {
+    fn record(&mut self, p: &PauseParts) {
+        self.stop.record(p.stop);
+        self.pages.record(p.pages);
+        self.state.record(p.state);
+        self.commit.record(p.commit);
+        self.resume.record(p.resume);
+    }
 }
 
 /// Where a checkpoint goes, and what it carries besides memory and state.
@@ -513,16 +555,22 @@ fn checkpoint(
     if !was_paused {
         vm.pause()?;
     }
+    let mut parts = PauseParts {
+        stop: t0.elapsed(),
+        ..PauseParts::default()
+    };
     // Paused, the device thread parked: every write is complete.
     let sent = to.forward.send(conn, u64::MAX).and_then(|disk| {
-        send_checkpoint(vm, conn, to.channels, &spans, to.timeout, to.fence)
-            .map(|(b, t)| (b + disk, t))
+        let link = (&mut *to.channels, to.timeout, to.fence);
+        send_checkpoint(vm, conn, link, &spans, &mut parts).map(|(b, t)| (b + disk, t))
     });
     if sent.is_ok() {
         // Both guests paused: the proxy settles the frames of before.
         on_commit();
     }
+    let t1 = Instant::now();
     let resumed = if was_paused { Ok(()) } else { vm.resume() };
+    parts.resume = t1.elapsed();
     let pause = t0.elapsed();
     let (bytes, theirs) = sent?;
     resumed?;
@@ -530,6 +578,7 @@ fn checkpoint(
         pause,
         bytes,
         theirs,
+        parts,
     })
 }
 
@@ -537,11 +586,11 @@ fn checkpoint(
 fn send_checkpoint(
     vm: &VmLink,
     conn: &mut Conn,
-    channels: &mut [Conn],
+    (channels, timeout, fence): (&mut [Conn], Duration, &Fence),
     spans: &[migration::protocol::colo::Span],
-    timeout: Duration,
-    fence: &Fence,
+    parts: &mut PauseParts,
 ) -> Result<(u64, u64), ColoError> {
+    let t = Instant::now();
     let ram = vm.ram();
     let mut pages = ram.dirty_pages()?;
     let theirs = dirty::mark(&mut pages, spans);
@@ -550,15 +599,20 @@ fn send_checkpoint(
     } else {
         super::channels::send(ram, channels, &pages)?
     };
+    parts.pages = t.elapsed();
+    let t = Instant::now();
     let state = vm.capture_state()?;
     let image = crate::snapshot::state_image(&state)?;
     let bytes = page_bytes + image.len() as u64;
     protocol::write_message(conn, &Message::State(image))?;
     protocol::write_message(conn, &Message::Commit)?;
+    parts.state = t.elapsed();
+    let t = Instant::now();
     await_answer(conn, fence)?;
     conn.set_timeouts(COMMIT_WAIT).map_err(ColoError::Stream)?;
     let committed = protocol::expect(conn, Command::Committed);
     conn.set_timeouts(timeout).map_err(ColoError::Stream)?;
+    parts.commit = t.elapsed();
     committed?;
     Ok((bytes, theirs))
 }
