@@ -18,6 +18,8 @@
 //!   matched; a match releases primary frames, a mismatch or a frame held
 //!   past the compare timeout asks for a checkpoint, a full queue drops
 //!   and counts.
+//! - [`histogram`]: latency histograms (power-of-two buckets of µs) for
+//!   the hold times and the proxies' stages.
 //! - [`survivor`]: the secondary's copy of the offsets (told by the
 //!   primary with each mirrored client segment), so that it goes on
 //!   rewriting once it serves.

@@ -18,7 +18,10 @@
 //! - [`incoming`]: one checkpoint as the secondary reads it (checked, held
 //!   whole), short of KVM.
 //! - [`proxy`] and [`link`]: each side's network proxy thread (mirror,
-//!   compare, release) and the frames on the link between them.
+//!   compare, release; the secondary's loop in `proxy_secondary.rs`) and
+//!   the frames on the link between them; [`tap_out`]: a tap and the
+//!   frames waiting for room in it; [`stages`]: the proxies' stage
+//!   histograms.
 //!
 //! The pure parts (failover state machine, checkpoint scheduling, the
 //! lease) are the `replication` crate's; this module carries out their

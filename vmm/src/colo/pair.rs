@@ -119,10 +119,8 @@ pub fn protect(
             return Err(e);
         }
     };
-    eprintln!(
-        "tandem: COLO: the secondary at {} holds a copy; protecting",
-        params.to
-    );
+    let to = &params.to;
+    eprintln!("tandem: COLO: the secondary at {to} holds a copy; protecting");
     let mut pair = Pair {
         vm,
         side,
