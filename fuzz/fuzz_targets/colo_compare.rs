@@ -90,7 +90,8 @@ impl Feed {
     }
 
     fn done(&mut self) {
-        self.c.checkpoint_done(&mut self.out);
+        let why = self.c.pending();
+        self.c.checkpoint_done(self.now, why, &mut self.out);
         self.check();
         self.asked = false;
     }

@@ -113,8 +113,10 @@ impl Secondary {
             Cmd::Committed(n, _) => self.committed(n),
             Cmd::Serve(taps) => {
                 self.core.lose("this side serves");
-                // Its guest is the last checkpoint's: what came after it
-                // is handed on as far as it is known.
+                // Its guest is the last checkpoint's. A boundary that
+                // never came (the link went during the commit): every
+                // kept frame goes on, some perhaps a second time (TCP
+                // drops a duplicate, an echo is answered twice).
                 for i in 0..self.nics.len() {
                     if self.nics[i].waiting {
                         self.nics[i].waiting = false;
