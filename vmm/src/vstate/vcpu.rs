@@ -164,6 +164,9 @@ struct VcpuThread<'a> {
     throttle: u8,
     /// When the current throttle slice began to run.
     window: Instant,
+    /// Whether `KVM_RUN` was entered: a userspace exit may then be waiting
+    /// for its completion (see `RestoreState`).
+    ran: bool,
 }
 
 /// What the event loop says to the run loop.
@@ -179,6 +182,7 @@ impl<'a> VcpuThread<'a> {
             paused: true,
             throttle: 0,
             window: Instant::now(),
+            ran: false,
         }
     }
 
@@ -205,7 +209,12 @@ impl<'a> VcpuThread<'a> {
                 self.reply(VcpuReply::State(Box::new(s)));
             }
             VcpuEvent::RestoreState(s) => {
-                self.reply(VcpuReply::Restored(vcpu_state::apply(&v.fd, &s)));
+                let r = if self.ran {
+                    vcpu_state::overwrite(&mut v.fd, &s)
+                } else {
+                    vcpu_state::apply(&v.fd, &s)
+                };
+                self.reply(VcpuReply::Restored(r));
             }
             VcpuEvent::Throttle(p) => self.throttle = p.min(MAX_THROTTLE),
             VcpuEvent::Finish => return Next::End,
@@ -264,6 +273,7 @@ impl<'a> VcpuThread<'a> {
                 return None;
             }
             v.profiler.on_vcpu_exit(id, &v.fd, &v.mem);
+            self.ran = true;
             if let Some(why) = v.run_once() {
                 return Some(why);
             }

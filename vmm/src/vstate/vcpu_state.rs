@@ -8,7 +8,8 @@
 //! `KVM_RUN`; without this an `IN` the vCPU just served would be lost).
 //! Apply writes a vCPU that is paused: one not yet run (a restore) or one
 //! that has run (a revert, a COLO checkpoint; KVM then takes the CPUID only
-//! if it is the one the vCPU has, which a state of the same VM carries).
+//! if it is the one the vCPU has, which a state of the same VM carries);
+//! into one that has run, [`overwrite`] finishes its last exit first.
 //!
 //! # CPUID and TSC frequency
 //! Capture saves the CPUID the guest sees (`KVM_GET_CPUID2`) and its TSC
@@ -109,6 +110,19 @@ pub fn complete_pending_exit(fd: &mut VcpuFd) {
         Ok(exit) => log::warn!("completing the last exit before a save: new exit {exit:?}"),
     }
     fd.set_kvm_immediate_exit(0);
+}
+
+/// Writes a whole state into a vCPU that has run and is parked. A vCPU
+/// paused right after an MMIO or PIO exit still has KVM's completion of it
+/// pending; left there, the next `KVM_RUN` would finish the old
+/// instruction on top of the state written now (KVM's emulator writes its
+/// destination register and its next RIP over the new ones: a COLO
+/// secondary's guest crashed in an interrupt handler with the RIP of the
+/// secondary's own last MMIO read and the primary's registers). So the
+/// old exit is finished first, then overwritten.
+pub fn overwrite(fd: &mut VcpuFd, s: &KvmVcpuState) -> Result<(), VcpuStateError> {
+    complete_pending_exit(fd);
+    apply(fd, s)
 }
 
 /// Reads the whole state of a vCPU that is outside `KVM_RUN`.
@@ -286,5 +300,92 @@ mod tests {
             assert!(e.starts_with(&want), "{e}");
             eprintln!("refused as expected: {e}");
         }
+    }
+
+    /// A vCPU stopped at an MMIO read exit, then given another state (a
+    /// COLO checkpoint, a revert): the state written must be the state it
+    /// runs on. Without finishing the old exit first, KVM completes the
+    /// old read on top of it (its RIP and destination register win). Needs
+    /// /dev/kvm; runs a few real-mode instructions.
+    #[test]
+    fn overwrite_after_an_mmio_exit_keeps_the_new_state() {
+        use kvm_bindings::kvm_userspace_memory_region;
+        use kvm_ioctls::VcpuExit;
+        let kvm = Kvm::new().expect("/dev/kvm");
+        let indices = msr_index_list(&kvm).unwrap();
+        let vm = kvm.create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        // 32 KiB of guest RAM at 0; 0x9000 is MMIO (nothing there).
+        let size = 0x8000usize;
+        // SAFETY: an anonymous private mapping of `size` bytes, checked
+        // below; it outlives the VM (unmapped at the end of the test).
+        let host = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(host, libc::MAP_FAILED);
+        // mov al, [0x9000]; hlt at 0x1000; jmp $ at 0x1010.
+        let code: [(usize, &[u8]); 2] =
+            [(0x1000, &[0xa0, 0x00, 0x90, 0xf4]), (0x1010, &[0xeb, 0xfe])];
+        for (at, bytes) in code {
+            // SAFETY: `at + bytes.len()` is inside the mapping.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    host.cast::<u8>().add(at),
+                    bytes.len(),
+                )
+            };
+        }
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            guest_phys_addr: 0,
+            memory_size: size as u64,
+            userspace_addr: host as u64,
+            flags: 0,
+        };
+        // SAFETY: the mapping is valid for the VM's life.
+        unsafe { vm.set_user_memory_region(region).unwrap() };
+        let mut fd = vm.create_vcpu(0).unwrap();
+        let mut sregs = fd.get_sregs().unwrap();
+        sregs.cs.base = 0;
+        sregs.cs.selector = 0;
+        sregs.ds.base = 0;
+        sregs.ds.selector = 0;
+        fd.set_sregs(&sregs).unwrap();
+        let mut regs = fd.get_regs().unwrap();
+        regs.rip = 0x1000;
+        regs.rax = 0;
+        regs.rflags = 2;
+        fd.set_regs(&regs).unwrap();
+        match fd.run().unwrap() {
+            VcpuExit::MmioRead(addr, data) => {
+                assert_eq!(addr, 0x9000);
+                data.fill(0x42);
+            }
+            other => panic!("expected the MMIO read, got {other:?}"),
+        }
+        // The state to write: the same vCPU elsewhere.
+        let mut next = capture(&fd, &indices).unwrap();
+        next.regs.rip = 0x1010;
+        next.regs.rax = 0x77;
+        overwrite(&mut fd, &next).unwrap();
+        complete_pending_exit(&mut fd);
+        let got = fd.get_regs().unwrap();
+        assert_eq!(
+            (got.rip, got.rax),
+            (0x1010, 0x77),
+            "the old MMIO read was finished on top of the new state"
+        );
+        drop(fd);
+        drop(vm);
+        // SAFETY: the VM that used the mapping is gone.
+        unsafe { libc::munmap(host, size) };
     }
 }
