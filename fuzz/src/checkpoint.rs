@@ -1,5 +1,7 @@
 //! A COLO checkpoint through the secondary's reader, short of KVM, for the
-//! `colo_checkpoint` target: `vmm::colo::incoming::read_checkpoint` (memory
+//! `colo_checkpoint` target: the pages sent ahead (leading `Memory`
+//! messages into `vmm::colo::incoming::Staged`, checked and bounded), then
+//! `vmm::colo::incoming::read_checkpoint` (memory
 //! batches checked against the secondary's layout and bounded by its guest
 //! size, one state image checked as a restore checks it, then the commit)
 //! and, for a checkpoint taken whole, its pages written into guest memory;
@@ -7,13 +9,13 @@
 //! the serial console).
 //!
 //! Invariants asserted (a panic is a finding): a checkpoint taken carries
-//! no more pages than the guest has, its state is this VM's, and its pages
+//! no more pages than twice the guest's (as many ahead, as many in it), its state is this VM's, and its pages
 //! all land inside guest memory.
 
 use migration::protocol::{self, MemoryBatch, Message};
 use replication::journal::SecondaryDisk;
 use vmm::boot::layout;
-use vmm::colo::incoming::{read_checkpoint, write_pages};
+use vmm::colo::incoming::{read_checkpoint, write_pages, Staged};
 
 use crate::stream::{manifest, memory, reset, MEM};
 
@@ -34,17 +36,33 @@ pub fn receive(bytes: &[u8]) -> Result<u64, String> {
         disk.journal_primary_write(w.offset, &w.data)
             .map_err(|source| vmm::colo::ColoError::Journal { disk: 0, source })
     };
-    let c = read_checkpoint(
-        &mut &bytes[..],
-        &layout::ram_ranges(MEM),
+    let layout = layout::ram_ranges(MEM);
+    // The pages sent ahead: leading `Memory` messages.
+    let mut staged = Staged::default();
+    let mut rest = bytes;
+    loop {
+        let mut r = rest;
+        match protocol::read_message(&mut r) {
+            Ok(Message::Memory(b)) => {
+                staged.push(b, &layout, limit).map_err(|e| e.to_string())?;
+                rest = r;
+            }
+            _ => break,
+        }
+    }
+    assert!(staged.pages() <= limit, "{} pages held for {limit}", staged.pages());
+    let mut c = read_checkpoint(
+        &mut &rest[..],
+        &layout,
         limit,
         &ours,
         &mut journal,
     )
     .map_err(|e| e.to_string())?;
+    staged.prepend_to(&mut c);
     disk.commit_checkpoint()
         .unwrap_or_else(|e| panic!("a journal over memory failed its commit: {e}"));
-    assert!(c.pages <= limit, "{} pages taken for {limit}", c.pages);
+    assert!(c.pages <= 2 * limit, "{} pages taken for {limit}", c.pages);
     assert_eq!(c.state.manifest.mem_bytes, MEM, "another VM's state taken");
     let mem = memory();
     reset(mem);

@@ -45,6 +45,26 @@ pub fn mark(bitmaps: &mut [DirtyBitmap], spans: &[Span]) -> u64 {
     marked
 }
 
+/// [`mark`], but for the pages set in `except` (same layout); returns how
+/// many pages of the spans fell in a slot, those skipped included.
+pub fn mark_except(bitmaps: &mut [DirtyBitmap], spans: &[Span], except: &[DirtyBitmap]) -> u64 {
+    let mut theirs: Vec<DirtyBitmap> = bitmaps
+        .iter()
+        .map(|b| DirtyBitmap {
+            bits: vec![0; b.bits.len()],
+            ..*b
+        })
+        .collect();
+    let marked = mark(&mut theirs, spans);
+    for (t, e) in theirs.iter_mut().zip(except) {
+        for (w, x) in t.bits.iter_mut().zip(&e.bits) {
+            *w &= !x;
+        }
+    }
+    or(bitmaps, &theirs);
+    marked
+}
+
 /// Clears every bit.
 pub fn clear(bitmaps: &mut [DirtyBitmap]) {
     for b in bitmaps {
@@ -100,6 +120,17 @@ mod tests {
         assert_eq!(spans(&b), spans_in.to_vec());
         clear(&mut b);
         assert!(spans(&b).is_empty());
+    }
+
+    #[test]
+    fn pages_sent_ahead_are_not_marked_again() {
+        let mut a = two_slots();
+        let mut ahead = two_slots();
+        ahead[0].bits[0] = 0b0110;
+        let theirs = [Span { gpa: 0, pages: 4 }];
+        assert_eq!(mark_except(&mut a, &theirs, &ahead), 4);
+        assert_eq!(a[0].bits[0], 0b1001);
+        assert_eq!(a[1].bits[0], 0);
     }
 
     #[test]

@@ -8,10 +8,11 @@
 //! each turn, [`super::forward`]), and a checkpoint is taken when they
 //! fill an eighth of the secondary's journal.
 //!
-//! A checkpoint: `Checkpoint e` → the secondary pauses and answers with the
-//! pages its guest wrote → this VM pauses → its last disk writes, its own
-//! dirty pages OR the
-//! secondary's go out, then the vCPU and device state, then `Commit` → the
+//! A checkpoint: its guest's dirty pages go ahead while both guests run
+//! (the secondary holds them) → `Checkpoint e` → the secondary pauses and
+//! answers with the pages its guest wrote → this VM pauses → its last disk
+//! writes, the pages its guest wrote since, and the secondary's not sent
+//! ahead go out, then the vCPU and device state, then `Commit` → the
 //! secondary applies it all and answers `Committed` → this VM resumes. The
 //! secondary thus becomes an exact copy with no second copy of guest
 //! memory on its side (design.md §6, Memory on the secondary). The pause
@@ -39,6 +40,7 @@ use super::{dirty, failover_config, ColoError, Params, QueueFullPolicy, Side};
 use crate::boot::layout;
 use crate::migrate::VmLink;
 use crate::streams::endpoint::Conn;
+use crate::vstate::memory::DirtyBitmap;
 use devices::virtio::net::datagram::{Datagram, Peer};
 use devices::virtio::net::NetBackend;
 use replication::compare::{Compare, CompareConfig, QueueFull};
@@ -492,6 +494,8 @@ struct Done {
 /// `Committed`, and resuming.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct PauseStages {
+    /// Before the pause, both guests running: the pages sent ahead.
+    pub precopy: Histogram,
     pub stop: Histogram,
     pub pages: Histogram,
     pub state: Histogram,
@@ -502,6 +506,7 @@ pub struct PauseStages {
 /// One checkpoint's share of each stage.
 #[derive(Default)]
 struct PauseParts {
+    precopy: Duration,
     stop: Duration,
     pages: Duration,
     state: Duration,
@@ -511,6 +516,7 @@ struct PauseParts {
 
 impl PauseStages {
     fn record(&mut self, p: &PauseParts) {
+        self.precopy.record(p.precopy);
         self.stop.record(p.stop);
         self.pages.record(p.pages);
         self.state.record(p.state);
@@ -543,6 +549,14 @@ fn checkpoint(
     on_commit: &dyn Fn(),
 ) -> Result<Done, ColoError> {
     let conn = to.conn;
+    // Both guests running: the pages written since the last checkpoint go
+    // ahead (the secondary holds them), so that the pause sends only those
+    // written since.
+    let t = Instant::now();
+    let ram = vm.ram();
+    let ahead = ram.dirty_pages()?;
+    let ahead_bytes = super::channels::send_pages(ram, conn, &ahead)?;
+    let precopy = t.elapsed();
     protocol::write_message(conn, &Message::Checkpoint { epoch })?;
     let Message::Dirty(spans) = protocol::expect(conn, Command::Dirty)? else {
         return Err(ColoError::Missing("Dirty"));
@@ -554,13 +568,15 @@ fn checkpoint(
         vm.pause()?;
     }
     let mut parts = PauseParts {
+        precopy,
         stop: t0.elapsed(),
         ..PauseParts::default()
     };
     // Paused, the device thread parked: every write is complete.
     let sent = to.forward.send(conn, u64::MAX).and_then(|disk| {
         let link = (&mut *to.channels, to.timeout, to.fence);
-        send_checkpoint(vm, conn, link, &spans, &mut parts).map(|(b, t)| (b + disk, t))
+        send_checkpoint(vm, conn, link, (&spans, &ahead), &mut parts)
+            .map(|(b, t)| (b + disk + ahead_bytes, t))
     });
     if sent.is_ok() {
         // Both guests paused: the proxy settles the frames of before.
@@ -580,18 +596,21 @@ fn checkpoint(
     })
 }
 
-/// With the guest paused: the pages, the state, the commit.
+/// With the guest paused: the pages, the state, the commit. The pages are
+/// those this guest wrote since `ahead` was read, and those the
+/// secondary's wrote (`spans`) but for the ones sent ahead (the secondary
+/// holds this guest's copy of those already).
 fn send_checkpoint(
     vm: &VmLink,
     conn: &mut Conn,
     (channels, timeout, fence): (&mut [Conn], Duration, &Fence),
-    spans: &[migration::protocol::colo::Span],
+    (spans, ahead): (&[migration::protocol::colo::Span], &[DirtyBitmap]),
     parts: &mut PauseParts,
 ) -> Result<(u64, u64), ColoError> {
     let t = Instant::now();
     let ram = vm.ram();
     let mut pages = ram.dirty_pages()?;
-    let theirs = dirty::mark(&mut pages, spans);
+    let theirs = dirty::mark_except(&mut pages, spans, ahead);
     let page_bytes = if channels.is_empty() {
         super::channels::send_pages(ram, conn, &pages)?
     } else {

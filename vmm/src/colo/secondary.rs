@@ -7,7 +7,8 @@
 //! neither reads nor writes its taps) and its writable disks replicas
 //! ([`super::replica`]): the primary's forwarded writes are journaled as
 //! they come and applied at each commit, its own guest's writes live in an
-//! overlay until then. A checkpoint is buffered whole, each
+//! overlay until then. The pages the primary sends ahead of a checkpoint
+//! while both guests run are held with it. A checkpoint is buffered whole, each
 //! batch checked against this VM's layout and the total bounded by its
 //! memory size, and applied only at `Commit`; one that does not arrive
 //! whole is dropped, and the guest goes on from its own state (the pages it
@@ -164,6 +165,7 @@ fn serve(
         proxy: Some(proxy),
         replicas: replica::of(vm),
         channels,
+        staged: incoming::Staged::default(),
     };
     let actions = match rx.replicate(&mut conn, &mut fo, &mut *lease) {
         Ended::Stopped => return Ok(()),
@@ -391,6 +393,8 @@ struct Receiver<'a> {
     replicas: Vec<Option<Arc<Replica>>>,
     /// The page channels (none: the pages come on the stream).
     channels: Vec<Conn>,
+    /// The pages the primary sent ahead of the next checkpoint.
+    staged: incoming::Staged,
 }
 
 impl Receiver<'_> {
@@ -421,6 +425,7 @@ impl Receiver<'_> {
                 }
                 Message::Checkpoint { epoch } => self.checkpoint(conn, fo, epoch),
                 Message::DiskWrite(w) => journal(&self.replicas, &w),
+                Message::Memory(b) => self.staged.push(b, &self.layout, self.limit),
                 other => Err(ColoError::Unexpected {
                     got: other.command().name(),
                     place: "from the primary",
@@ -468,10 +473,18 @@ impl Receiver<'_> {
         Ok(())
     }
 
-    /// One checkpoint, whole and checked: from the stream, and from the
-    /// page channels at once if there are any (the stream then carries no
-    /// pages).
+    /// One checkpoint, whole and checked, behind the pages sent ahead of
+    /// it: from the stream, and from the page channels at once if there
+    /// are any (the stream then carries no pages but those sent ahead).
     fn read(&mut self, conn: &mut Conn) -> Result<incoming::Checkpoint, ColoError> {
+        let mut staged = std::mem::take(&mut self.staged);
+        let mut c = self.read_own(conn)?;
+        staged.prepend_to(&mut c);
+        Ok(c)
+    }
+
+    /// The checkpoint's own messages (after `Dirty`).
+    fn read_own(&mut self, conn: &mut Conn) -> Result<incoming::Checkpoint, ColoError> {
         let replicas = &self.replicas;
         let mut journal = |w: &DiskWrite| journal(replicas, w);
         let (layout, limit, manifest) = (&self.layout, self.limit, self.vm.manifest());
