@@ -498,14 +498,16 @@ impl Primary {
     }
 
     /// Checkpoint `n` is committed, its guest paused since it was taken:
-    /// where it cut each NIC's client frames (those its device had taken
-    /// are in the checkpoint; the secondary's guest gets the others).
+    /// where it cut each NIC's client frames (those its guest had are in
+    /// the checkpoint; the secondary's guest gets the others).
     fn boundaries(&mut self, n: u64) {
         for i in 0..self.core.guests.len() {
-            let taken = self.core.guests[i].taken();
+            // Not the frames its device took: those it still holds are
+            // not in the checkpoint's guest, and go to the secondary's.
+            let delivered = self.core.guests[i].delivered();
             let now = Instant::now();
             self.core
-                .send(link::BOUNDARY, i, n, 0, &taken.to_le_bytes(), now);
+                .send(link::BOUNDARY, i, n, 0, &delivered.to_le_bytes(), now);
         }
     }
 

@@ -50,6 +50,18 @@ pub trait NetBackend: Send {
     /// Sets the offloads (`TUN_F_*`) of the frames the backend may hand
     /// the device: what the guest can receive.
     fn set_offload(&mut self, flags: u32) -> io::Result<()>;
+
+    /// Told after each receive run how many of the frames it handed on the
+    /// guest does not have yet (the device holds them). Nothing to do for
+    /// most backends.
+    fn held_by_device(&mut self, _frames: u64) {}
+
+    /// Asked before each receive run: whether the device must drop the
+    /// frames it holds for the guest (their sender took them back). No,
+    /// for most backends.
+    fn drop_held(&mut self) -> bool {
+        false
+    }
 }
 
 /// Readiness the event loop is asked for: reading from the backend (RX),

@@ -7,11 +7,13 @@
 //! Towards the guest each datagram starts with an 8-byte generation
 //! (little-endian) before the frame: the backend drops, unread by the
 //! guest, every datagram of a generation below the floor the proxy sets
-//! ([`Peer::set_floor`]), so that a proxy can take back at once all it
-//! queued and not yet delivered (the COLO secondary at each checkpoint),
-//! and counts the frames it hands on ([`Peer::taken`]), so that the proxy
-//! knows which of its frames the guest's device has (the COLO primary at
-//! each checkpoint). The guest's output crosses as it is.
+//! ([`Peer::set_floor`]), and a raised floor makes the device drop what it
+//! holds for the guest too, so that a proxy can take back at once all it
+//! queued and not yet delivered (the COLO secondary at each checkpoint).
+//! It counts the frames it hands on ([`Peer::taken`]) and hears from the
+//! device how many of those the guest does not have yet, so that the proxy
+//! knows which of its frames the guest has ([`Peer::delivered`], the COLO
+//! primary at each checkpoint). The guest's output crosses as it is.
 //!
 //! Driven from the device thread only; never blocks (the socket is
 //! non-blocking: `WouldBlock` both ways, as a tap). A datagram shorter
@@ -20,7 +22,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::backend::NetBackend;
@@ -33,6 +35,10 @@ pub const GEN_LEN: usize = 8;
 struct Shared {
     floor: AtomicU64,
     taken: AtomicU64,
+    /// Of those taken, the frames the device still holds for the guest.
+    held: AtomicU64,
+    /// The floor rose: the device drops what it holds.
+    drop_held: AtomicBool,
 }
 
 /// See the module doc.
@@ -79,13 +85,24 @@ impl Peer {
     }
 
     /// From now on, what was sent below `generation` is dropped unread.
+    /// The device drops the frames it holds for the guest, at its next
+    /// receive run.
     pub fn set_floor(&self, generation: u64) {
         self.shared.floor.store(generation, Ordering::SeqCst);
+        self.shared.drop_held.store(true, Ordering::SeqCst);
     }
 
     /// Frames the backend handed to the device so far.
     pub fn taken(&self) -> u64 {
         self.shared.taken.load(Ordering::SeqCst)
+    }
+
+    /// Frames the guest has (or that its device dropped for good): those
+    /// taken but the ones the device still holds. Exact while the device
+    /// thread is parked (a paused VM).
+    pub fn delivered(&self) -> u64 {
+        self.taken()
+            .saturating_sub(self.shared.held.load(Ordering::SeqCst))
     }
 
     /// The guest's next frame.
@@ -123,6 +140,14 @@ impl NetBackend for Datagram {
 
     fn write_frame(&mut self, frame: &[u8]) -> io::Result<usize> {
         self.sock.send(frame)
+    }
+
+    fn held_by_device(&mut self, frames: u64) {
+        self.shared.held.store(frames, Ordering::SeqCst);
+    }
+
+    fn drop_held(&mut self) -> bool {
+        self.shared.drop_held.swap(false, Ordering::SeqCst)
     }
 
     fn rx_fd(&self) -> RawFd {
@@ -171,5 +196,23 @@ mod tests {
         assert_eq!(buf[..60], [3u8; 60]);
         assert_eq!(other.taken(), 2);
         assert!(d.read_frame(&mut buf).is_err());
+    }
+
+    #[test]
+    fn the_device_hears_what_it_holds_and_a_raised_floor_drops_it() {
+        let (mut d, other) = Datagram::pair("colo0").unwrap();
+        for _ in 0..3 {
+            other.send(0, &[1u8; 60]).unwrap();
+        }
+        let mut buf = [0u8; 64];
+        for _ in 0..3 {
+            d.read_frame(&mut buf).unwrap();
+        }
+        d.held_by_device(2);
+        assert_eq!((other.taken(), other.delivered()), (3, 1));
+        assert!(!d.drop_held(), "nothing taken back yet");
+        other.set_floor(1);
+        assert!(d.drop_held());
+        assert!(!d.drop_held(), "asked once");
     }
 }

@@ -341,6 +341,10 @@ impl NetHandler {
             // Reset: read again when the driver activates the device.
             return true;
         };
+        if backend.drop_held() {
+            let n = self.pump.drop_held();
+            log::debug!("virtio-net {}: {n} held frames taken back", self.name);
+        }
         let mut guest = Guest {
             queue: &mut active.rx,
             mem: &active.mem,
@@ -352,6 +356,7 @@ impl NetHandler {
             Instant::now,
             &self.metrics,
         );
+        backend.held_by_device(self.pump.undelivered());
         if res.used && active.rx.needs_notification(&active.mem).unwrap_or(true) {
             self.interrupt.trigger_queue(RX_VQ);
         }

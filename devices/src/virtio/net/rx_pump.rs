@@ -58,8 +58,9 @@ pub struct Pumped {
 /// The receive path's state.
 pub struct RxPump {
     rsc: Option<Rsc>,
-    /// Frames ready for the guest, oldest first.
-    held: VecDeque<Vec<u8>>,
+    /// Frames ready for the guest, oldest first, each with the number of
+    /// frames read from the source that it carries (1 without RSC).
+    held: VecDeque<(Vec<u8>, u32)>,
     /// The engine's output of one call.
     out: Vec<Vec<u8>>,
     buf: Vec<u8>,
@@ -92,11 +93,13 @@ impl RxPump {
             (None, Some(cfg)) => self.rsc = Some(Rsc::new(cfg)),
             (Some(engine), None) => {
                 engine.flush_all(&mut self.out);
+                // Taken with the engine's counts before it goes.
+                self.take_out();
                 self.rsc = None;
             }
             (None, None) => {}
         }
-        self.held.extend(self.out.drain(..));
+        self.take_out();
         let changed = self.acked.is_some_and(|a| a != acked);
         self.acked = Some(acked);
         if changed {
@@ -139,9 +142,9 @@ impl RxPump {
             match self.rsc.as_mut() {
                 Some(engine) => {
                     engine.input(frame, now(), &mut self.out);
-                    self.held.extend(self.out.drain(..));
+                    self.take_out();
                 }
-                None => self.held.push_back(frame.to_vec()),
+                None => self.held.push_back((frame.to_vec(), 1)),
             }
             NetMetrics::max(&metrics.rx_held_max, self.held.len() as u64);
         }
@@ -154,7 +157,7 @@ impl RxPump {
         // looked again: a second miss in a row ends the run, so a hostile
         // available index cannot make this loop spin.
         let mut rechecked = false;
-        while let Some(frame) = self.held.front_mut() {
+        while let Some((frame, _)) = self.held.front_mut() {
             match rx::deliver(guest.queue, guest.mem, frame, guest.mergeable) {
                 Ok(RxOutcome::Delivered(_)) => {
                     rechecked = false;
@@ -174,7 +177,7 @@ impl RxPump {
                     NetMetrics::add(&metrics.no_rx_buffer_waits, 1);
                     if let Some(engine) = self.rsc.as_mut() {
                         engine.flush_all(&mut self.out);
-                        self.held.extend(self.out.drain(..));
+                        self.take_out();
                         NetMetrics::max(&metrics.rx_held_max, self.held.len() as u64);
                     }
                     return true;
@@ -198,8 +201,41 @@ impl RxPump {
     pub fn expire(&mut self, now: Instant) {
         if let Some(engine) = self.rsc.as_mut() {
             engine.drain_expired(now, &mut self.out);
-            self.held.extend(self.out.drain(..));
+            self.take_out();
         }
+    }
+
+    /// Moves the engine's output to `held`, each frame with the inputs it
+    /// carries.
+    fn take_out(&mut self) {
+        match self.rsc.as_mut() {
+            Some(engine) => {
+                let inputs = engine.take_inputs().chain(std::iter::repeat(1));
+                self.held.extend(self.out.drain(..).zip(inputs));
+            }
+            None => self.held.extend(self.out.drain(..).map(|f| (f, 1))),
+        }
+    }
+
+    /// Drops every frame held for the guest and the engine's pending
+    /// packets (their sender took them back); returns how many frames read
+    /// from the source that was.
+    pub fn drop_held(&mut self) -> u64 {
+        let n = self.undelivered();
+        self.held.clear();
+        if let Some(engine) = self.rsc.as_mut() {
+            engine.discard();
+        }
+        n
+    }
+
+    /// Frames read from the source that the guest does not have yet: those
+    /// held and those in the engine's pending packets. A frame dropped
+    /// (a bad chain, a driver change) is not counted: the guest will not
+    /// get it.
+    pub fn undelivered(&self) -> u64 {
+        let held: u64 = self.held.iter().map(|(_, n)| u64::from(*n)).sum();
+        held + self.rsc.as_ref().map_or(0, Rsc::pending_inputs)
     }
 
     /// When [`RxPump::expire`] next has something to do.

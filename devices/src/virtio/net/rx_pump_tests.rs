@@ -169,14 +169,17 @@ fn rsc_coalesces_and_the_timer_delivers() {
     let r = vm.pump(&mut p, &mut src, t0);
     assert_eq!(r, Pumped::default(), "all ten held by the engine");
     assert_eq!(src.taken, 10);
+    assert_eq!(p.undelivered(), 10, "ten frames read, none in the guest");
     assert_eq!(p.next_deadline(), Some(t0 + DEFAULT_INTERVAL));
     p.expire(t0 + DEFAULT_INTERVAL - Duration::from_micros(1));
     assert_eq!(p.held(), 0, "not yet");
     p.expire(t0 + DEFAULT_INTERVAL);
     assert_eq!(p.held(), 1);
+    assert_eq!(p.undelivered(), 10, "one packet carrying ten frames");
     assert_eq!(p.next_deadline(), None);
     let r = vm.pump(&mut p, &mut src, t0 + DEFAULT_INTERVAL);
     assert!(r.used && !r.starved);
+    assert_eq!(p.undelivered(), 0);
     let got = vm.received();
     assert_eq!(got.len(), 1);
     let v = vnet(&got[0]);
@@ -202,6 +205,7 @@ fn rsc_flushes_when_the_guest_is_full_and_reads_no_more() {
     // next, which the starved guest's flush then empties.
     assert_eq!(src.taken, 46, "no read while a frame waits");
     assert_eq!(p.held(), 2);
+    assert_eq!(p.undelivered(), 46, "45 + 1 frames in two packets");
     assert_eq!(p.next_deadline(), None, "nothing waits on the timer");
     let c = engine(&p);
     assert_eq!((c.flush.size, c.flush.flush_all), (1, 1));
@@ -274,4 +278,35 @@ fn reactivation_keeps_held_frames_only_for_the_same_features() {
     vm.pump(&mut p, &mut src, Instant::now());
     assert_eq!(vm.received().len(), 2);
     assert_eq!(engine(&p).pass.no_offload, 2);
+}
+
+#[test]
+fn held_frames_can_be_taken_back() {
+    // Without RSC: one frame held while the guest has no buffers.
+    let mut src = Source::new((0..3).map(|i| Tcp::v4(i * 100, 100).build()));
+    let mut vm = Vm::new();
+    let mut p = RxPump::new(None);
+    p.activate(LINUX, None);
+    let r = vm.pump(&mut p, &mut src, Instant::now());
+    assert!(r.starved);
+    assert_eq!((src.taken, p.undelivered()), (1, 1));
+    assert_eq!(p.drop_held(), 1);
+    assert_eq!((p.held(), p.undelivered()), (0, 0));
+    vm.post(4);
+    vm.pump(&mut p, &mut src, Instant::now());
+    assert_eq!(vm.received().len(), 2, "the frame taken back never comes");
+
+    // With RSC: the engine's pending packet goes too.
+    let segs = stream(5, 1448);
+    let mut src = Source::new(segs.iter().map(Tcp::build));
+    let mut p = RxPump::new(Some(RscConfig::default()));
+    p.activate(LINUX, Some(linux()));
+    let mut vm = Vm::new();
+    vm.post(8);
+    let t = Instant::now();
+    vm.pump(&mut p, &mut src, t);
+    assert_eq!(p.undelivered(), 5);
+    assert_eq!(p.drop_held(), 5);
+    p.expire(t + DEFAULT_INTERVAL);
+    assert_eq!((p.held(), p.undelivered(), p.next_deadline()), (0, 0, None));
 }

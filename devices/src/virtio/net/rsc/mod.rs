@@ -413,6 +413,9 @@ pub struct Rsc {
     /// Pending packets, oldest first.
     flows: Vec<Pending>,
     counters: RscCounters,
+    /// For each frame appended to the caller's `out` since it was last
+    /// empty, how many input frames it carries (see [`Rsc::take_inputs`]).
+    emitted: Vec<u32>,
 }
 
 impl Rsc {
@@ -423,6 +426,35 @@ impl Rsc {
             cap,
             flows: Vec::new(),
             counters: RscCounters::default(),
+            emitted: Vec::new(),
+        }
+    }
+
+    /// How many input frames each frame the engine appended to `out`
+    /// carries, in `out`'s order (1, or a coalesced packet's segments);
+    /// taken with the frames. Every input frame is in exactly one output
+    /// frame or pending ([`Rsc::pending_inputs`]): a COLO primary tells its
+    /// pair which received frames its guest has from these.
+    pub fn take_inputs(&mut self) -> std::vec::Drain<'_, u32> {
+        self.emitted.drain(..)
+    }
+
+    /// Forgets every pending packet (their frames were taken back).
+    pub fn discard(&mut self) {
+        self.flows.clear();
+        self.emitted.clear();
+    }
+
+    /// Input frames in pending packets.
+    pub fn pending_inputs(&self) -> u64 {
+        self.flows.iter().map(|p| u64::from(p.segs)).sum()
+    }
+
+    /// A caller that emptied `out` and did not take the inputs: forget
+    /// them (so that they stay as many as `out`'s frames).
+    fn sync_emitted(&mut self, out: &[Vec<u8>]) {
+        if out.is_empty() {
+            self.emitted.clear();
         }
     }
 
@@ -447,6 +479,7 @@ impl Rsc {
     /// Feeds one frame (vnet header + Ethernet frame) received at `now`.
     /// Appends to `out`, in order, the frames to deliver now.
     pub fn input(&mut self, frame: &[u8], now: Instant, out: &mut Vec<Vec<u8>>) {
+        self.sync_emitted(out);
         self.counters.received += 1;
         self.drain_expired(now, out);
         match classify(frame, self.cfg.offload()) {
@@ -463,6 +496,7 @@ impl Rsc {
 
     /// Flushes every pending packet whose deadline is at or before `now`.
     pub fn drain_expired(&mut self, now: Instant, out: &mut Vec<Vec<u8>>) {
+        self.sync_emitted(out);
         let before = out.len();
         let mut i = 0;
         while i < self.flows.len() {
@@ -479,6 +513,7 @@ impl Rsc {
 
     /// Flushes every pending packet, oldest first.
     pub fn flush_all(&mut self, out: &mut Vec<Vec<u8>>) {
+        self.sync_emitted(out);
         while !self.flows.is_empty() {
             self.flush_at(0, FlushReason::FlushAll, out);
         }
@@ -631,18 +666,26 @@ impl Rsc {
         }
         let p = self.flows.remove(i);
         self.counters.flush.bump(reason);
+        let segs = p.segs;
         let frame = if p.segs > 1 {
             self.counters.coalesced_frames += 1;
             self.finish(p)
         } else {
             p.buf
         };
-        self.emit(frame, out);
+        self.emit_of(frame, segs, out);
     }
 
+    /// Appends one input frame, as it came.
     fn emit(&mut self, frame: Vec<u8>, out: &mut Vec<Vec<u8>>) {
+        self.emit_of(frame, 1, out);
+    }
+
+    /// Appends a frame that carries `inputs` input frames.
+    fn emit_of(&mut self, frame: Vec<u8>, inputs: u32, out: &mut Vec<Vec<u8>>) {
         self.counters.delivered += 1;
         out.push(frame);
+        self.emitted.push(inputs);
     }
 
     /// Fixes up a coalesced packet's headers.
