@@ -1,10 +1,46 @@
-//! What the COLO tests share: a side's `colo-status`, waits on it, and a
-//! checkpoint asked for and committed on both sides.
+//! What the COLO tests share: a secondary started, a side's
+//! `colo-status`, waits on it, and a checkpoint asked for and committed on
+//! both sides.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::{ctl, CMD_TIMEOUT as CMD};
+use crate::base::{device_args, BASE_MEM};
+use crate::netns::NetNs;
+use crate::{ctl, tandem_bin, TestVm, CMD_TIMEOUT as CMD};
+
+/// `tandem run --colo secondary` in `ns` with the base guest's devices on
+/// `taps` and `image` (removed with it), listening on `addr`, with `extra`
+/// arguments (`--cpus 2`); returns once it listens.
+pub fn secondary(
+    ns: &NetNs,
+    taps: [&str; 2],
+    (addr, lease, api): (&str, &Path, &Path),
+    image: PathBuf,
+    extra: &[&str],
+) -> TestVm {
+    let mut args: Vec<String> = vec![
+        "--colo".into(),
+        "secondary".into(),
+        "--colo-listen".into(),
+        addr.into(),
+        "--colo-lease".into(),
+        lease.display().to_string(),
+        "--mem".into(),
+        BASE_MEM.into(),
+        "--api-sock".into(),
+        api.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.extend(device_args(taps, &image));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
+    vm.remove_on_drop(image);
+    wait_until("the secondary listens", CMD, || {
+        vm.stderr().contains("waiting for a migration on")
+    });
+    vm
+}
 
 /// A side's `colo-status` (its `colo` object).
 pub fn status(api: &Path) -> serde_json::Value {

@@ -581,6 +581,33 @@ pub fn tail(s: &str, n: usize) -> &str {
     &s[start..]
 }
 
+/// `tandem ctl migrate TO --json OPTS` in `ns`, run: exit status and
+/// report.
+pub fn migrate(ns: &netns::NetNs, api: &Path, to: &str, opts: &[&str]) -> (i32, serde_json::Value) {
+    let out = migrate_cmd(ns, api, to, opts)
+        .output()
+        .expect("tandem ctl migrate");
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), report)
+}
+
+/// `tandem ctl migrate TO --json OPTS` in `ns`, its stdout piped, not
+/// started.
+pub fn migrate_cmd(ns: &netns::NetNs, api: &Path, to: &str, opts: &[&str]) -> Command {
+    let mut c = ns.command(tandem_bin().to_str().unwrap());
+    c.args([
+        "ctl",
+        "--api-sock",
+        api.to_str().unwrap(),
+        "migrate",
+        to,
+        "--json",
+    ])
+    .args(opts)
+    .stdout(Stdio::piped());
+    c
+}
+
 /// Runs `tandem <args>` to completion (for commands that fail fast).
 pub fn tandem_output(args: &[&str]) -> std::process::Output {
     Command::new(tandem_bin())

@@ -49,11 +49,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tandem_tests::base::{device_args, disk_copy, scratch, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX};
-use tandem_tests::colo::{checkpoint_now, status, wait_checkpoints, wait_until};
+use tandem_tests::base::{disk_copy, scratch, GUEST_IP0, HOST_IP0, PREFIX};
+use tandem_tests::colo::{self, checkpoint_now, status, wait_checkpoints, wait_until};
 use tandem_tests::netns::NetNs;
 use tandem_tests::stream::{Pace, Stream};
-use tandem_tests::{ctl, phase, tandem_bin, TestVm};
+use tandem_tests::{ctl, phase, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// Checkpoints every 2 s, a heartbeat every 100 ms, lost after 1 s.
@@ -176,38 +176,7 @@ impl Pair {
 /// `tandem run --colo secondary` in `ns` on tap2/tap3 and `image` (removed
 /// with it), listening on `addr`; returns once it listens.
 fn secondary(ns: &NetNs, addr: &str, lease: &Path, api: &Path, image: PathBuf) -> TestVm {
-    secondary_on(ns, ["tap2", "tap3"], addr, lease, api, image)
-}
-
-/// [`secondary`] on `taps`.
-fn secondary_on(
-    ns: &NetNs,
-    taps: [&str; 2],
-    addr: &str,
-    lease: &Path,
-    api: &Path,
-    image: PathBuf,
-) -> TestVm {
-    let mut args: Vec<String> = vec![
-        "--colo".into(),
-        "secondary".into(),
-        "--colo-listen".into(),
-        addr.into(),
-        "--colo-lease".into(),
-        lease.display().to_string(),
-        "--mem".into(),
-        BASE_MEM.into(),
-        "--api-sock".into(),
-        api.display().to_string(),
-    ];
-    args.extend(device_args(taps, &image));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
-    vm.remove_on_drop(image);
-    wait_until("the secondary listens", CMD, || {
-        vm.stderr().contains("waiting for a migration on")
-    });
-    vm
+    colo::secondary(ns, ["tap2", "tap3"], (addr, lease, api), image, &[])
 }
 
 /// The counting loop's last number (the shell may first report a
@@ -464,7 +433,13 @@ fn the_survivor_is_protected_again_and_survives_a_second_failover() {
     let sock = scratch("colo-e2.sock");
     let addr = format!("unix:{}", sock.display());
     let api = scratch("colo-e2.api");
-    let mut third = secondary_on(&pair.ns, ["tap4", "tap5"], &addr, &pair.lease, &api, image);
+    let mut third = colo::secondary(
+        &pair.ns,
+        ["tap4", "tap5"],
+        (&addr, &pair.lease, &api),
+        image,
+        &[],
+    );
     third.remove_on_drop(sock);
     let (code, a) = ctl(
         &pair.secondary_api,

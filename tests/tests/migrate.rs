@@ -30,7 +30,6 @@
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -39,7 +38,7 @@ use tandem_tests::netns::NetNs;
 use tandem_tests::pki::Pki;
 use tandem_tests::rtc;
 use tandem_tests::stream::{Pace, Stream};
-use tandem_tests::{ctl, phase, tandem_bin, TestVm};
+use tandem_tests::{ctl, migrate, migrate_cmd, phase, tandem_bin, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// The counting loop's last count, read with shell builtins only (a new
@@ -102,30 +101,6 @@ fn destination_with(
 
 fn unix(sock: &Path) -> String {
     format!("unix:{}", sock.display())
-}
-
-/// `tandem ctl migrate TO --json OPTS` in `ns`: exit status and report.
-fn migrate(ns: &NetNs, api: &Path, to: &str, opts: &[&str]) -> (i32, serde_json::Value) {
-    let out = migrate_cmd(ns, api, to, opts)
-        .output()
-        .expect("tandem ctl migrate");
-    let report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.code().unwrap_or(-1), report)
-}
-
-fn migrate_cmd(ns: &NetNs, api: &Path, to: &str, opts: &[&str]) -> Command {
-    let mut c = ns.command(tandem_bin().to_str().unwrap());
-    c.args([
-        "ctl",
-        "--api-sock",
-        api.to_str().unwrap(),
-        "migrate",
-        to,
-        "--json",
-    ])
-    .args(opts)
-    .stdout(Stdio::piped());
-    c
 }
 
 /// The source of a test: namespace `tag` with a bridge holding the host's

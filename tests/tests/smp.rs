@@ -28,16 +28,15 @@
 //! said it is ready.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tandem_tests::base::{
     device_args, disk_copy_smp, scratch, BASE_MEM, GUEST_IP0, HOST_IP0, PREFIX, SMP_CPUS,
 };
-use tandem_tests::colo::{checkpoint_now, status, wait_checkpoints, wait_until};
+use tandem_tests::colo::{self, checkpoint_now, status, wait_checkpoints, wait_until};
 use tandem_tests::netns::NetNs;
 use tandem_tests::stream::{Pace, Stream};
-use tandem_tests::{ctl, phase, tandem_bin, TestVm};
+use tandem_tests::{ctl, migrate, phase, tandem_bin, TestVm};
 
 const CMD: Duration = tandem_tests::CMD_TIMEOUT;
 /// Each vCPU's load: `tandem-dirty MIB RATE`, pinned to it (the total
@@ -211,26 +210,6 @@ fn destination(
     vm
 }
 
-/// `tandem ctl migrate TO --json OPTS` in `ns`: exit status and report.
-fn migrate(ns: &NetNs, api: &Path, to: &str, opts: &[&str]) -> (i32, serde_json::Value) {
-    let out = ns
-        .command(tandem_bin().to_str().unwrap())
-        .args([
-            "ctl",
-            "--api-sock",
-            api.to_str().unwrap(),
-            "migrate",
-            to,
-            "--json",
-        ])
-        .args(opts)
-        .stdout(Stdio::piped())
-        .output()
-        .expect("tandem ctl migrate");
-    let report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.code().unwrap_or(-1), report)
-}
-
 /// One writer per CPU, pinned, appending a numbered line ([`PAD`]) to
 /// /tmp/seqN every 100 ms (shell builtins only; its pid in `$writerN`).
 fn start_writers(vm: &mut TestVm) {
@@ -388,28 +367,14 @@ const THROUGH: Pace = Pace {
 /// `tandem run --colo secondary` with 2 vCPUs in `ns` on tap2/tap3 and
 /// `image` (removed with it), listening on `addr`; returns once it listens.
 fn secondary(ns: &NetNs, addr: &str, lease: &Path, api: &Path, image: PathBuf) -> TestVm {
-    let mut args: Vec<String> = vec![
-        "--colo".into(),
-        "secondary".into(),
-        "--colo-listen".into(),
-        addr.into(),
-        "--colo-lease".into(),
-        lease.display().to_string(),
-        "--mem".into(),
-        BASE_MEM.into(),
-        "--cpus".into(),
-        cpus(),
-        "--api-sock".into(),
-        api.display().to_string(),
-    ];
-    args.extend(device_args(["tap2", "tap3"], &image));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
-    vm.remove_on_drop(image);
-    wait_until("the secondary listens", CMD, || {
-        vm.stderr().contains("waiting for a migration on")
-    });
-    vm
+    let cpus = cpus();
+    colo::secondary(
+        ns,
+        ["tap2", "tap3"],
+        (addr, lease, api),
+        image,
+        &["--cpus", &cpus],
+    )
 }
 
 /// 100 pings every 20 ms through the protected pair (both vCPUs
