@@ -14,8 +14,8 @@
 //! register does: ACPICA reads an enable bit back after setting it and
 //! logs "Could not enable ... event" at error level when it did not stick
 //! (Linux enables the global lock's and the RTC's at boot). Those bits
-//! gate no event, so a snapshot does not carry them: after a restore they
-//! read 0 until the guest writes them again. Other sleep states are not
+//! gate no event; a snapshot, a migration and a COLO checkpoint carry
+//! them ([`AcpiPm::enable`], with the PCI bus's state). Other sleep states are not
 //! offered in the DSDT: a
 //! write asking for one is ignored and counted, as is any access that
 //! makes no sense. Driven by whichever vCPU thread exits on the ports; it
@@ -58,6 +58,16 @@ impl AcpiPm {
             enable: 0,
             ignored: 0,
         }
+    }
+
+    /// PM1_EN as the guest last wrote it.
+    pub fn enable(&self) -> u16 {
+        self.enable
+    }
+
+    /// Sets PM1_EN (a restore); reserved bits stay 0.
+    pub fn set_enable(&mut self, v: u16) {
+        self.enable = v & ENABLE_BITS;
     }
 
     /// Accesses that asked for nothing this block does (another sleep
@@ -198,9 +208,13 @@ mod tests {
         pm.write(ENABLE + 1, &[0xff]);
         pm.read(ENABLE, &mut v);
         assert_eq!(u16::from_le_bytes(v), 0x21 | 0x4700);
+        // What a restore sets reads back the same, reserved bits dropped.
+        pm.set_enable(0xffff);
+        assert_eq!(pm.enable(), ENABLE_BITS);
         pm.write(ENABLE, &[0; 2]);
         pm.read(ENABLE, &mut v);
         assert_eq!(v, [0, 0]);
+        assert_eq!(pm.enable(), 0);
         pm.write(0, &[0xff, 0xff]); // status: write-1-to-clear
         pm.read(0, &mut v);
         assert_eq!(v, [0, 0]);

@@ -337,6 +337,8 @@ impl PciBus {
                     })
                 })
                 .collect(),
+            // The PM block is not on the bus: its owner fills it in.
+            pm1_enable: 0,
         }
     }
 

@@ -139,6 +139,15 @@ pub struct PciState {
     pub address: u32,
     /// The functions on the bus, by slot.
     pub functions: Vec<PciFunctionState>,
+    /// The ACPI PM1a enable register (PM1_EN) the guest wrote, shared by
+    /// the fixed block and PIIX4's (absent in files from before tandem
+    /// kept it: 0 then, as at power-on).
+    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    pub pm1_enable: u16,
+}
+
+fn is_zero_u16(v: &u16) -> bool {
+    *v == 0
 }
 
 /// One PCI function.

@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use migration::devices::DeviceState;
+use migration::{section, SnapshotReader};
 use sha2::{Digest, Sha256};
 use tandem_tests::base::{scratch, GUEST_IP0, HOST_IP0, PREFIX};
 use tandem_tests::colo::{checkpoint_now, status, wait_checkpoints, wait_until};
@@ -273,6 +275,12 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     let (code, a) = ctl(&sock, &["snapshot", snap.to_str().unwrap()]);
     assert_eq!(code, 0, "{a}");
     vm.kill();
+    let pm1_en = pm1_enable(&snap);
+    assert_ne!(
+        pm1_en & GBL_EN,
+        0,
+        "Linux enables the global lock's event: {pm1_en:#x}"
+    );
     phase("pci: snapshot taken");
     refused(
         &snap,
@@ -300,6 +308,11 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
     again.ok("true", CMD);
     phase("pci: restored");
     assert_eq!(config(&mut again), config_before);
+    let resnap = scratch("pci-again.snap");
+    let (code, a) = ctl(&sock, &["snapshot", resnap.to_str().unwrap()]);
+    assert_eq!(code, 0, "{a}");
+    assert_eq!(pm1_enable(&resnap), pm1_en, "PM1_EN after a restore");
+    std::fs::remove_file(&resnap).unwrap();
     devices_work(&mut again, &s.ns, &pci_sha, MARK);
     let after = msi_counts(&mut again);
     assert!(
@@ -394,6 +407,18 @@ fn a_pci_machine_with_virtio_pci_devices_boots_restores_and_migrates() {
 }
 
 /// The guest's MSI-X interrupts of its NIC (00:01.0).
+/// PM1_EN's global lock event bit.
+const GBL_EN: u16 = 1 << 5;
+
+/// The PM1_EN a snapshot holds (in its PCI bus's section).
+fn pm1_enable(snap: &Path) -> u16 {
+    let mut r = SnapshotReader::open(std::fs::File::open(snap).unwrap()).unwrap();
+    match r.read_state(&section::device("pci0")).unwrap() {
+        DeviceState::Pci(p) => p.pm1_enable,
+        other => panic!("the PCI section holds {other:?}"),
+    }
+}
+
 fn net_irqs(c: &[(u64, String, u64)]) -> u64 {
     c.iter()
         .filter(|(s, _, _)| *s == 1)

@@ -297,7 +297,16 @@ impl VmHandle {
             vcpus,
             serial: lock(&self.0.devices.serial).state(),
             rtc: Some(lock(&self.0.devices.rtc).state()),
-            pci: self.0.devices.pci.as_ref().map(|p| lock(p).state()),
+            pci: self.0.devices.pci.as_ref().map(|p| {
+                let mut s = lock(p).state();
+                s.pm1_enable = self
+                    .0
+                    .devices
+                    .acpi_pm
+                    .as_ref()
+                    .map_or(0, |a| lock(a).enable());
+                s
+            }),
             fw_cfg: Some(lock(&self.0.devices.fw_cfg).state()),
             devices,
         })
@@ -384,6 +393,9 @@ impl VmHandle {
             lock(bus)
                 .restore(p)
                 .map_err(|e| VmOpError::Foreign(e.to_string()))?;
+            if let Some(pm) = &self.0.devices.acpi_pm {
+                lock(pm).set_enable(p.pm1_enable);
+            }
         }
         if let Some(f) = &s.fw_cfg {
             lock(&self.0.devices.fw_cfg).restore(f);

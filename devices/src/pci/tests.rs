@@ -116,6 +116,7 @@ fn state_restores_the_writable_bits_only() {
     let none = PciState {
         address: 0,
         functions: vec![],
+        pm1_enable: 0,
     };
     assert!(fresh.restore(&none).is_err());
 }
