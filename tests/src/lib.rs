@@ -581,6 +581,28 @@ pub fn tail(s: &str, n: usize) -> &str {
     &s[start..]
 }
 
+/// This test process's scratch directory, `/tmp/tandem-TAG-PID` (made at
+/// the first call; later calls give the same one, whatever their tag): it
+/// and everything in it are removed when the process exits, the tests
+/// passed or not.
+pub fn process_scratch(tag: &str) -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("tandem-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("make the scratch directory");
+        extern "C" fn remove() {
+            if let Some(dir) = DIR.get() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+        // SAFETY: `remove` is a plain function that only reads a static
+        // already set; registering it has no other effect.
+        unsafe { libc::atexit(remove) };
+        dir
+    })
+    .clone()
+}
+
 /// `tandem ctl migrate TO --json OPTS` in `ns`, run: exit status and
 /// report.
 pub fn migrate(ns: &netns::NetNs, api: &Path, to: &str, opts: &[&str]) -> (i32, serde_json::Value) {

@@ -4,12 +4,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use tandem_tests::{guest_file, tandem_bin, tandem_output};
+use tandem_tests::{guest_file, process_scratch, tandem_bin, tandem_output};
 
 fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tandem-bad-input-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
+    let p = process_scratch("bad-input").join(name);
     std::fs::write(&p, bytes).unwrap();
     p
 }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tandem_tests::colo::{checkpoint_now, status, wait_checkpoints, wait_until};
-use tandem_tests::{ctl, phase, tandem_output, TestVm};
+use tandem_tests::{ctl, phase, process_scratch, tandem_output, TestVm};
 
 /// What the image prints first.
 const HELLO: &str = "tandem-fw: hello from the reset vector";
@@ -87,15 +87,13 @@ fn image(end: End) -> Vec<u8> {
 }
 
 fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tandem-firmware-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
+    let p = process_scratch("firmware").join(name);
     std::fs::write(&p, bytes).unwrap();
     p
 }
 
 fn tmp(what: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("tandem-fw-{what}-{}", std::process::id()))
+    process_scratch("firmware").join(what)
 }
 
 fn s(p: &Path) -> &str {
