@@ -42,19 +42,11 @@ pub fn read_checkpoint<R: Read>(
     ours: &Manifest,
     journal: &mut dyn FnMut(&DiskWrite) -> Result<(), ColoError>,
 ) -> Result<Checkpoint, ColoError> {
-    let mut batches = Vec::new();
-    let mut pages = 0u64;
+    let mut own = Staged::default();
     let mut image = None;
     loop {
         match protocol::read_message(conn)? {
-            Message::Memory(b) => {
-                b.check(layout)?;
-                pages = pages.saturating_add(b.pages());
-                if pages > limit {
-                    return Err(ColoError::TooBig { pages, limit });
-                }
-                batches.push(b);
-            }
+            Message::Memory(b) => own.push(b, layout, limit)?,
             Message::DiskWrite(w) => journal(&w)?,
             Message::State(i) if image.is_none() => image = Some(i),
             Message::Commit => break,
@@ -70,9 +62,9 @@ pub fn read_checkpoint<R: Read>(
     let image = image.ok_or(ColoError::NoState)?;
     let state = crate::snapshot::load_image_for(Cursor::new(image), "the checkpoint", ours)?.state;
     Ok(Checkpoint {
-        batches,
+        batches: own.batches,
         state,
-        pages,
+        pages: own.pages,
     })
 }
 
