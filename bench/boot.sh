@@ -20,7 +20,8 @@
 # line): the tree at REV is checked out in a temporary directory, its guest
 # built by its own resources/build-guest.sh (cached in ~/.cache/tandem like
 # ours) and its tandem by cargo; all rows run interleaved in one run.
-# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--pci] [--firmware OVMF_FD]
+# `--seccomp-off` adds a row for tandem with its sandbox off (its cost).
+# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--pci] [--firmware OVMF_FD] [--seccomp-off]
 #                      [--firmware-timeout S] [--before REV]
 source "$(dirname "$0")/common.sh"
 args=()

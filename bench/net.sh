@@ -3,6 +3,7 @@
 # vs QEMU (Debian's qemu-system-x86, microvm, virtio-net on a tap, vhost=off,
 # TCG), same kernel, initramfs and command line, in one run; min/median of N
 # repetitions (default 3). Runs in network namespaces it creates and removes.
-# Usage: bench/net.sh [--runs N] [--mib M]
+# `--seccomp-off` adds a row for tandem with its sandbox off (its cost).
+# Usage: bench/net.sh [--runs N] [--mib M] [--seccomp-off]
 source "$(dirname "$0")/common.sh"
 python3 bench/net_measure.py "${guest_args[@]}" "$@"

@@ -209,6 +209,17 @@ impl EtcdLease {
     /// least [`MIN_TTL`]). Does not contact etcd (it may be down when a
     /// side starts); starts the runtime.
     pub fn open(spec: &EtcdSpec, id: &str, ttl: Duration) -> Result<EtcdLease, ArbiterError> {
+        Self::open_with(spec, id, ttl, || {})
+    }
+
+    /// [`open`](Self::open), with `on_thread_start` run first on each
+    /// thread the runtime starts (the VMM confines them there).
+    pub fn open_with(
+        spec: &EtcdSpec,
+        id: &str,
+        ttl: Duration,
+        on_thread_start: impl Fn() + Send + Sync + 'static,
+    ) -> Result<EtcdLease, ArbiterError> {
         if ttl < MIN_TTL || ttl.subsec_nanos() != 0 || i64::try_from(ttl.as_secs()).is_err() {
             return Err(ArbiterError::BadSpec(format!(
                 "TTL {ttl:?}: must be whole seconds, at least {} s",
@@ -221,6 +232,7 @@ impl EtcdLease {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("etcd")
+            .on_thread_start(on_thread_start)
             .enable_all()
             .build()
             .map_err(ArbiterError::Runtime)?;

@@ -99,6 +99,7 @@ pub fn spawn_input<W: Write + Send + 'static>(
     std::thread::Builder::new()
         .name("console-in".into())
         .spawn(move || {
+            crate::sandbox::confine(crate::sandbox::Kind::Console);
             let mut esc = Escape::default();
             let mut buf = [0u8; 4096];
             let mut bytes = Vec::with_capacity(buf.len());

@@ -10,6 +10,8 @@
 //! - [`host_emu`]: this host's kind of KVM and its workarounds (CPUID,
 //!   instructions KVM's emulator gives up on, x87), entered only behind the
 //!   host-kind check.
+//! - [`sandbox`]: each thread's seccomp filter, installed by the thread
+//!   itself, and the line a denied call prints.
 //! - [`boot`]: loading Linux or firmware, the guest's memory layout, MP
 //!   and ACPI tables.
 //!
@@ -63,6 +65,7 @@ pub mod kvm_util;
 pub mod migrate;
 pub mod pause;
 pub mod profile;
+pub mod sandbox;
 pub mod snapshot;
 pub mod streams;
 pub mod vm;

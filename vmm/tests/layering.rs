@@ -30,6 +30,7 @@ const CORE: &[&str] = &[
     "profile",
     "pause.rs",
     "kvm_util.rs",
+    "sandbox",
     "console.rs",
 ];
 

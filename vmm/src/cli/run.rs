@@ -28,7 +28,8 @@ From a pipe, input is held until the guest listens; end of input does not stop t
 Exit status: 0 when the guest reboots or powers off, on Ctrl-A x or `tandem ctl shutdown`, \
 and when the guest migrated away; 1 when the VM cannot start (bad option, unreadable \
 kernel, no /dev/kvm...), when an incoming migration fails, and when a COLO secondary \
-retires or a COLO side fences itself; 2 when the guest kernel panics; 3 when a vCPU fails.
+retires or a COLO side fences itself; 2 when the guest kernel panics; 3 when a vCPU fails; \
+4 when a thread makes a system call its seccomp filter denies (--seccomp).
 
 Examples: printf 'uname -r\\nreboot -f\\n' | tandem run
           tandem run --config vm.toml --mem 1G --api-sock /tmp/vm.sock
@@ -78,6 +79,9 @@ pub fn run(args: RunArgs) -> ExitCode {
     if args.print_cmdline {
         println!("{}", builder::effective_cmdline(&cmdline, host));
         return ExitCode::SUCCESS;
+    }
+    if let Err(e) = crate::sandbox::start(args.seccomp.unwrap_or_default()) {
+        return fail(e);
     }
     let ended = if let Some(path) = args.restore.clone() {
         restore(&path, args)

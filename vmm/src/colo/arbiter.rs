@@ -80,7 +80,10 @@ impl ArbiterSpec {
     pub fn open(&self, id: &str) -> Result<Box<dyn Arbiter>, ArbiterError> {
         Ok(match self {
             ArbiterSpec::LockFile(path) => Box::new(LockFileLease::open(path, id)?),
-            ArbiterSpec::Etcd { spec, ttl } => Box::new(EtcdLease::open(spec, id, *ttl)?),
+            ArbiterSpec::Etcd { spec, ttl } => {
+                let confine = || crate::sandbox::confine(crate::sandbox::Kind::Stream);
+                Box::new(EtcdLease::open_with(spec, id, *ttl, confine)?)
+            }
         })
     }
 }

@@ -41,7 +41,10 @@ impl Primary {
         let s = side.clone();
         let thread = std::thread::Builder::new()
             .name("colo".into())
-            .spawn(move || run(&vm, &params, &arbiter, s))?;
+            .spawn(move || {
+                crate::sandbox::confine(crate::sandbox::Kind::Stream);
+                run(&vm, &params, &arbiter, s)
+            })?;
         Ok(Primary {
             side,
             thread: Some(thread),

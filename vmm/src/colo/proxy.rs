@@ -153,7 +153,10 @@ impl Proxy {
         let (cmds, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("colo-net".into())
-            .spawn(move || body(&theirs, rx))?;
+            .spawn(move || {
+                crate::sandbox::confine(crate::sandbox::Kind::Stream);
+                body(&theirs, rx)
+            })?;
         Ok(Proxy {
             evt,
             cmds,

@@ -64,6 +64,7 @@ impl DeviceThread {
         let thread = std::thread::Builder::new()
             .name("devices".into())
             .spawn(move || {
+                crate::sandbox::confine(crate::sandbox::Kind::Devices);
                 while !e.load(Ordering::SeqCst) {
                     g.park_if_paused();
                     if e.load(Ordering::SeqCst) {

@@ -115,6 +115,7 @@ fn spawn_from(
     std::thread::Builder::new()
         .name("incoming".into())
         .spawn(move || {
+            crate::sandbox::confine(crate::sandbox::Kind::Stream);
             if accepted.is_none() {
                 eprintln!("tandem: waiting for a migration on {from}");
             }

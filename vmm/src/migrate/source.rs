@@ -106,6 +106,7 @@ impl Migration {
         let thread = std::thread::Builder::new()
             .name("migration".into())
             .spawn(move || {
+                crate::sandbox::confine(crate::sandbox::Kind::Stream);
                 migrate(&vm, &to, &params, &st, &c);
                 let last = devices::sync::lock(&st).clone();
                 if last.phase == Phase::Completed {

@@ -171,7 +171,10 @@ impl Profiler {
         let (stop2, ticks2) = (stop.clone(), ticks.clone());
         let thread = std::thread::Builder::new()
             .name("profiler".into())
-            .spawn(move || me.sample_loop(hz, &stop2, &ticks2))
+            .spawn(move || {
+                crate::sandbox::confine(crate::sandbox::Kind::Helper);
+                me.sample_loop(hz, &stop2, &ticks2)
+            })
             .map_err(ProfileError::Thread)?;
         *session = Some(Session {
             hz,

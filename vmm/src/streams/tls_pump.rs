@@ -57,7 +57,10 @@ pub fn spawn(tls: Connection, tcp: TcpStream, far: UnixStream) -> io::Result<()>
     let pump = Pump::new(tls, tcp, far);
     std::thread::Builder::new()
         .name("tls".into())
-        .spawn(move || pump.run())
+        .spawn(move || {
+            crate::sandbox::confine(crate::sandbox::Kind::Stream);
+            pump.run()
+        })
         .map(drop)
 }
 

@@ -94,6 +94,8 @@ impl ExitSignal {
         let me = self.clone();
         let waiter = std::thread::Builder::new()
             .name("acpi-grace".into())
+            // Started by a vCPU thread (the console's power-off line), whose
+            // filter it keeps (docs/sandbox.md).
             .spawn(move || {
                 std::thread::sleep(ACPI_POWER_OFF_GRACE);
                 if devices::sync::lock(&me.reason).is_none() {

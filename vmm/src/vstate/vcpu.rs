@@ -134,6 +134,7 @@ impl Vcpu {
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
             .spawn(move || {
+                crate::sandbox::confine(crate::sandbox::Kind::Vcpu);
                 let mut me = self;
                 k.register_current();
                 pause::set_thread_kvm_run(me.fd.get_kvm_run());

@@ -50,6 +50,7 @@ impl Kicker {
         let thread = std::thread::Builder::new()
             .name("vcpu-kicker".into())
             .spawn(move || {
+                crate::sandbox::confine(crate::sandbox::Kind::Helper);
                 while !s.load(Ordering::SeqCst) {
                     if p.load(Ordering::SeqCst) == 0 {
                         // Unparked when a throttle is set, or to end.

@@ -23,9 +23,12 @@ const IFF_VNET_HDR: libc::c_short = 0x4000;
 pub enum TapError {
     #[error("tap name '{0}' is empty or longer than 15 bytes")]
     BadName(String),
-    #[error("cannot open /dev/net/tun: {0}")]
-    OpenTun(#[source] io::Error),
-    #[error("cannot attach to tap '{name}': {err}")]
+    #[error("cannot open /dev/net/tun: {err}{}", access_hint(err))]
+    OpenTun {
+        #[source]
+        err: io::Error,
+    },
+    #[error("cannot attach to tap '{name}': {err}{}", attach_hint(name, err))]
     Attach {
         name: String,
         #[source]
@@ -38,6 +41,29 @@ pub enum TapError {
         #[source]
         err: io::Error,
     },
+}
+
+/// What to do when /dev/net/tun is not ours to open.
+fn access_hint(err: &io::Error) -> &'static str {
+    match err.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => {
+            " (this user needs read and write access to it; Debian makes it 0666)"
+        }
+        _ => "",
+    }
+}
+
+/// What to do when a tap may not be attached: making one needs root, and
+/// a tap made for another user is theirs.
+fn attach_hint(name: &str, err: &io::Error) -> String {
+    match err.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => format!(
+            " (a tap that does not exist is created, which needs root (CAP_NET_ADMIN), \
+             and a tap made for another user is theirs: as root, make it for this user \
+             beforehand with `ip tuntap add {name} mode tap user USER` and set it up)"
+        ),
+        _ => String::new(),
+    }
 }
 
 #[repr(C)]
@@ -64,7 +90,7 @@ impl Tap {
             .write(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open("/dev/net/tun")
-            .map_err(TapError::OpenTun)?;
+            .map_err(|err| TapError::OpenTun { err })?;
         let mut req = IfReq {
             name: [0; libc::IFNAMSIZ],
             flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,

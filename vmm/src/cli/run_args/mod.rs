@@ -324,6 +324,15 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "tls_cert")]
     #[serde(default)]
     pub insecure: bool,
+    /// Each thread's seccomp filter (docs/sandbox.md): on (default) ends
+    /// tandem with one line naming the thread and the system call when a
+    /// thread makes a call outside its list (exit status 4); log lets such
+    /// calls through and the kernel logs them (dmesg: 'audit: type=1326
+    /// ... comm=THREAD syscall=N'), for finding a missing one; off installs
+    /// none.
+    #[arg(long, value_name = "MODE")]
+    #[serde(default)]
+    pub seccomp: Option<crate::sandbox::Mode>,
 }
 
 impl RunArgs {
@@ -440,6 +449,7 @@ impl RunArgs {
             tls_key: self.tls_key.or(file.tls_key),
             tls_ca: self.tls_ca.or(file.tls_ca),
             insecure: self.insecure || file.insecure,
+            seccomp: self.seccomp.or(file.seccomp),
         })
     }
 
