@@ -15,6 +15,11 @@
 //!   mount namespace of the test's own (bind mounts of nodes the user
 //!   owns), so the host's `/dev` is never changed.
 //!
+//! - Landlock: a snapshot to a directory the VM was not started with is
+//!   refused with an answer naming `--landlock-rule`, and so is a revert
+//!   from there, while the guest runs on; with the rule, or with
+//!   `--landlock off`, the same snapshot is written.
+//!
 //! Every other guest test runs with the sandbox on (the default), so a
 //! call a feature makes outside its thread's list fails there.
 
@@ -335,4 +340,69 @@ fn a_user_without_root_restores_a_guest_with_its_own_taps_and_pings_it() {
     assert_eq!(rc, 0, "{answer}");
     drop(vm);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A directory outside /tmp (where the tests' API sockets are, which a VM
+/// may write), removed on drop.
+struct OutsideDir(std::path::PathBuf);
+
+impl Drop for OutsideDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn landlock_keeps_snapshots_where_the_vm_was_told() {
+    let ns = NetNs::new("landlock");
+    ns.add_tap("tap0", &format!("{HOST_IP0}/{PREFIX}"));
+    let out = OutsideDir(std::path::PathBuf::from(format!(
+        "/var/tmp/tandem-landlock-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&out.0).unwrap();
+    let snap = out.0.join("vm.snap");
+    let s = snap.to_str().unwrap();
+    let rule = format!("{}:rw", out.0.display());
+    for (extra, allowed) in [
+        (vec![], false),
+        (vec!["--landlock-rule", rule.as_str()], true),
+        (vec!["--landlock", "off"], true),
+    ] {
+        phase(&format!("{extra:?}"));
+        let sock = scratch("landlock.sock");
+        let mut args = vec!["--api-sock", sock.to_str().unwrap()];
+        args.extend_from_slice(&extra);
+        let mut vm = TestVm::restore_base(&ns, ["tap0", "tap1"], &args);
+        let (rc, answer) = ctl(&sock, &["snapshot", s]);
+        if allowed {
+            assert_eq!(rc, 0, "{extra:?}: {answer}");
+            assert!(snap.metadata().unwrap().len() > 1 << 20);
+            let (rc, answer) = ctl(&sock, &["revert", s]);
+            assert_eq!(rc, 0, "{extra:?}: revert: {answer}");
+        } else {
+            assert_eq!(rc, 1, "{extra:?}: {answer}");
+            let e = answer["error"].as_str().unwrap_or_default();
+            assert!(
+                e.contains("Permission denied") && e.contains("--landlock-rule"),
+                "{answer}"
+            );
+            assert!(!snap.exists(), "a refused snapshot left {}", snap.display());
+        }
+        vm.ok("true", CMD);
+        drop(vm);
+        if !allowed {
+            // A snapshot there (made by this test, not the VM) may not be
+            // read back either.
+            std::fs::copy(&base().snapshot, &snap).unwrap();
+            let mut vm = TestVm::restore_base(&ns, ["tap0", "tap1"], &args);
+            let (rc, answer) = ctl(&sock, &["revert", s]);
+            assert_eq!(rc, 1, "revert: {answer}");
+            vm.ok("true", CMD);
+            drop(vm);
+            std::fs::remove_file(&snap).unwrap();
+        } else {
+            let _ = std::fs::remove_file(&snap);
+        }
+    }
 }

@@ -355,6 +355,24 @@ impl Request {
     }
 }
 
+/// `e`'s message; when a file was refused while Landlock confines this
+/// process, with what to add (a path the VMM was not started with).
+fn with_landlock_hint(e: &ControlError) -> String {
+    // A transparent wrapper hides its io::Error from `source()`: the
+    // message says it (EACCES's text).
+    let message = e.to_string();
+    let denied = message.contains("Permission denied (os error 13)");
+    if denied && crate::sandbox::landlock::active() {
+        format!(
+            "{message} (Landlock: this VMM may open only the paths it was started with; \
+             start it with --landlock-rule DIR:rw for this file's directory, \
+             see docs/sandbox.md)"
+        )
+    } else {
+        message
+    }
+}
+
 /// Parses one request line and runs it; always returns an answer.
 pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
     let req = match Request::parse(line) {
@@ -368,7 +386,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             }
             v
         }
-        Err(e) => json!({"ok": false, "error": e.to_string()}),
+        Err(e) => json!({"ok": false, "error": with_landlock_hint(&e)}),
     };
     match req {
         Request::Status {} => answer(Ok(ctl.status())),

@@ -9,6 +9,7 @@
 //! `colo` or the API (the arrows point from here to them); panic on user
 //! input (every mistake is one line and exit status 1).
 
+pub mod confine;
 pub mod ctl;
 pub mod incoming;
 pub mod migrate_client;

@@ -80,7 +80,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         println!("{}", builder::effective_cmdline(&cmdline, host));
         return ExitCode::SUCCESS;
     }
-    if let Err(e) = crate::sandbox::start(args.seccomp.unwrap_or_default()) {
+    if let Err(e) = super::confine::start(&args) {
         return fail(e);
     }
     let ended = if let Some(path) = args.restore.clone() {

@@ -1,8 +1,9 @@
 //! The process's confinement: one seccomp filter per thread kind
 //! ([`Kind`], its rules in [`rules`]), installed by each thread on itself
 //! ([`enter`]) before it touches guest memory or untrusted input, with
-//! `no_new_privs` set first; and the SIGSYS handler ([`sigsys`]) that turns
-//! a denied call into one line naming the thread and the call.
+//! `no_new_privs` set first; the SIGSYS handler ([`sigsys`]) that turns
+//! a denied call into one line naming the thread and the call; and
+//! Landlock on the files the process may open ([`landlock`]).
 //!
 //! The mode ([`Mode`]: on, log, off) is chosen once by `tandem run`
 //! ([`start`]); until then [`enter`] does nothing, so the library's own
@@ -15,6 +16,7 @@
 //! unconfined once the mode is on (a filter that cannot be installed ends
 //! the thread's start with an error).
 
+pub mod landlock;
 pub mod names;
 mod rules;
 mod sigsys;

@@ -183,6 +183,17 @@ pub(super) fn hz<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Erro
         .map_err(de::Error::custom)
 }
 
+/// `landlock_rule`: a list of `--landlock-rule` strings.
+pub(super) fn landlock_rules<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<crate::sandbox::landlock::FsRule>, D::Error> {
+    let entries: Vec<String> = Vec::deserialize(d)?;
+    entries
+        .iter()
+        .map(|e| e.parse().map_err(de::Error::custom))
+        .collect()
+}
+
 /// `net`: a list of `--net` strings or tables.
 pub(super) fn nets<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<NetSpec>, D::Error> {
     let entries: Vec<Entry<NetTable>> = Vec::deserialize(d)?;

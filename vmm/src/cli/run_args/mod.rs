@@ -333,6 +333,28 @@ pub struct RunArgs {
     #[arg(long, value_name = "MODE")]
     #[serde(default)]
     pub seccomp: Option<crate::sandbox::Mode>,
+    /// Landlock (docs/sandbox.md), on (default, where the kernel has it)
+    /// or off: once started, this VMM may open only what this VM needs:
+    /// its kernel, initrd, firmware, snapshot and TLS files read-only, its
+    /// disks (read-only with readonly=on), /dev/kvm and /dev/net/tun, the
+    /// system's /etc, /usr, /lib, /proc and /sys read-only, and, read and
+    /// write, the directories of the paths it makes: --api-sock (snapshots
+    /// and profiles may go there), --metrics, --guest-profile, a unix:
+    /// --incoming or --colo-listen, the COLO lease file. Anything else
+    /// (e.g. a snapshot elsewhere) needs --landlock-rule.
+    #[arg(long, value_name = "on|off")]
+    #[serde(default)]
+    pub landlock: Option<crate::sandbox::landlock::Switch>,
+    /// One more path this VMM may open under Landlock: PATH:r (read) or
+    /// PATH:rw (read, write, make and remove files), a file or everything
+    /// beneath a directory; repeatable.
+    #[arg(long = "landlock-rule", value_name = "PATH:r|rw")]
+    #[serde(
+        rename = "landlock_rule",
+        default,
+        deserialize_with = "file::landlock_rules"
+    )]
+    pub landlock_rules: Vec<crate::sandbox::landlock::FsRule>,
 }
 
 impl RunArgs {
@@ -450,6 +472,8 @@ impl RunArgs {
             tls_ca: self.tls_ca.or(file.tls_ca),
             insecure: self.insecure || file.insecure,
             seccomp: self.seccomp.or(file.seccomp),
+            landlock: self.landlock.or(file.landlock),
+            landlock_rules: list(self.landlock_rules, file.landlock_rules),
         })
     }
 
