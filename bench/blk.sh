@@ -6,7 +6,8 @@
 # raw -drive files, TCG), same kernel, same command line, same root disk
 # image (a copy each) and a fresh data disk of the same size, in one run;
 # min/median of N repetitions (default 3).
-# `--seccomp-off` adds a row for tandem with its sandbox off (its cost).
-# Usage: bench/blk.sh [--runs N] [--mib M] [--seconds S] [--seccomp-off]
+# `--sandbox-off` adds a row for tandem with its sandbox off (--seccomp off
+# --landlock off: the sandbox's cost, same run).
+# Usage: bench/blk.sh [--runs N] [--mib M] [--seconds S] [--sandbox-off]
 source "$(dirname "$0")/common.sh"
 python3 bench/blk_measure.py "${guest_args[@]}" --rootfs target/guest/rootfs.ext4 "$@"

@@ -35,8 +35,8 @@ def main():
     ap.add_argument("--initrd", help="unused: the guests boot from the root disk")
     ap.add_argument("--cmdline", required=True)
     ap.add_argument("--rootfs", required=True)
-    ap.add_argument("--seccomp-off", action="store_true",
-                    help="also a row for tandem --seccomp off (the sandbox's cost, same run)")
+    ap.add_argument("--sandbox-off", action="store_true",
+                    help="also a row for tandem with --seccomp off --landlock off (the sandbox's cost, same run)")
     args = ap.parse_args()
     cmdline = args.cmdline + " root=/dev/vda"
     vmms = {
@@ -52,9 +52,9 @@ def main():
             "-drive", f"file={data},format=raw,if=none,id=d1",
             "-device", "virtio-blk-device,drive=d1"],
     }
-    if args.seccomp_off:
+    if args.sandbox_off:
         on = vmms["tandem (KVM)"]
-        vmms["tandem seccomp off"] = lambda root, data: on(root, data) + ["--seccomp", "off"]
+        vmms["tandem sandbox off"] = lambda root, data: on(root, data) + ["--seccomp", "off", "--landlock", "off"]
     results = {}
     for name, cmd in vmms.items():
         tmp = tempfile.mkdtemp(prefix="tandem-blk-bench-")

@@ -20,8 +20,9 @@
 # line): the tree at REV is checked out in a temporary directory, its guest
 # built by its own resources/build-guest.sh (cached in ~/.cache/tandem like
 # ours) and its tandem by cargo; all rows run interleaved in one run.
-# `--seccomp-off` adds a row for tandem with its sandbox off (its cost).
-# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--pci] [--firmware OVMF_FD] [--seccomp-off]
+# `--sandbox-off` adds a row for tandem with its sandbox off (--seccomp off
+# --landlock off: the sandbox's cost, same run).
+# Usage: bench/boot.sh [--runs N] [--tandem-bzimage] [--pci] [--firmware OVMF_FD] [--sandbox-off]
 #                      [--firmware-timeout S] [--before REV]
 source "$(dirname "$0")/common.sh"
 args=()

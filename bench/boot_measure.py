@@ -103,8 +103,8 @@ def main():
                     help="also time tandem booting the bzImage")
     ap.add_argument("--before", nargs=5, metavar=("NAME", "TANDEM", "KERNEL", "INITRD", "CMDLINE"),
                     help="also time an earlier tandem on its own default guest (bench/boot.sh --before REV)")
-    ap.add_argument("--seccomp-off", action="store_true",
-                    help="also a row for tandem --seccomp off (the sandbox's cost, same run)")
+    ap.add_argument("--sandbox-off", action="store_true",
+                    help="also a row for tandem with --seccomp off --landlock off (the sandbox's cost, same run)")
     args = ap.parse_args()
 
     mem = f"{args.mem_mib}M"
@@ -118,8 +118,8 @@ def main():
         "QEMU microvm (KVM)": qemu_base + ["-accel", "kvm", "-cpu", "host,-arch-capabilities"],
         "QEMU microvm (TCG)": qemu_base + ["-accel", "tcg"],
     }
-    if args.seccomp_off:
-        peers["tandem seccomp off (KVM)"] = peers["tandem (KVM)"] + ["--seccomp", "off"]
+    if args.sandbox_off:
+        peers["tandem sandbox off (KVM)"] = peers["tandem (KVM)"] + ["--seccomp", "off", "--landlock", "off"]
     if args.before:
         name, tandem, kernel, initrd, cmdline = args.before
         peers[f"tandem {name} (KVM)"] = [tandem, "run", "--kernel", kernel, "--initrd", initrd,

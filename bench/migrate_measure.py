@@ -228,13 +228,15 @@ class TandemGuest(Guest, sm.Tandem):
     def net(self, i):
         return ["--net", f"tap={Bridge.TAPS['tandem'][i]},mac={MAC}"]
 
-    def seccomp(self):
-        return ["--seccomp", self.args.seccomp] if self.args.seccomp else []
+    def sandbox(self):
+        if self.args.sandbox == "off":
+            return ["--seccomp", "off", "--landlock", "off"]
+        return []
 
     def restore(self, run, snap, err):
         api = os.path.join(self.tmp, "tandem-src.api")
         p = spawn([self.args.tandem, "run", "--restore", snap, "--api-sock", api] + self.net(0)
-                  + self.seccomp(),
+                  + self.sandbox(),
                   err + ".src")
         run["procs"].append(p)
         run.update(src=p, api=api, files=[api])
@@ -247,7 +249,7 @@ class TandemGuest(Guest, sm.Tandem):
         api = os.path.join(self.tmp, "tandem-dst.api")
         p = spawn([self.args.tandem, "run", "--incoming", f"unix:{sock}", "--mem", self.mem,
                    "--cpus", str(self.args.cpus), "--api-sock", api] + self.net(1)
-                  + self.seccomp(),
+                  + self.sandbox(),
                   err + ".dst")
         run["procs"].append(p)
         run.update(dst=p, dst_con=Console(p), to=f"unix:{sock}", dst_err=err + ".dst")
@@ -639,8 +641,8 @@ def parse_args():
     ap.add_argument("--modes", default="thread,inline,qemu", help="thread, inline, qemu")
     ap.add_argument("--tmpdir", default=None, help="where snapshots go (default: $TMPDIR or /tmp)")
     ap.add_argument("--downtime-ms", type=int, default=300)
-    ap.add_argument("--seccomp", choices=["on", "log", "off"], default=None,
-                    help="tandem run --seccomp for both sides (default: tandem's, on)")
+    ap.add_argument("--sandbox", choices=["on", "off"], default="on",
+                    help="off: both sides with --seccomp off --landlock off (default: on)")
     ap.add_argument("--timeout-s", type=int, default=120, help="per migration")
     ap.add_argument("--quiet-s", type=float, default=2.0,
                     help="the guest's floor: its gaps after the restore, before any ping")

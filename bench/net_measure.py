@@ -128,8 +128,8 @@ def main():
     ap.add_argument("--bzimage", required=True)
     ap.add_argument("--initrd", required=True)
     ap.add_argument("--cmdline", required=True)
-    ap.add_argument("--seccomp-off", action="store_true",
-                    help="also a row for tandem --seccomp off (the sandbox's cost, same run)")
+    ap.add_argument("--sandbox-off", action="store_true",
+                    help="also a row for tandem with --seccomp off --landlock off (the sandbox's cost, same run)")
     args = ap.parse_args()
     cmdline = args.cmdline + f" tandem.ip={GUEST}/24"
     vmms = {
@@ -144,9 +144,9 @@ def main():
             "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no,vhost=off",
             "-device", "virtio-net-device,netdev=n0"],
     }
-    if args.seccomp_off:
+    if args.sandbox_off:
         on = vmms["tandem (KVM)"]
-        vmms["tandem seccomp off"] = lambda ns: on(ns) + ["--seccomp", "off"]
+        vmms["tandem sandbox off"] = lambda ns: on(ns) + ["--seccomp", "off", "--landlock", "off"]
     results = {}
     for i, (name, cmd) in enumerate(vmms.items()):
         ns = Ns(f"tandem-bench-{os.getpid()}-{i}")
