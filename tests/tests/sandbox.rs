@@ -57,20 +57,24 @@ fn threads(pid: u32) -> Vec<(String, String, String)> {
     out
 }
 
-/// `tandem run` of the default guest with `args` and `env`, its console
-/// unread (these tests need its threads, not its guest).
-fn start_default(args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+/// `tandem run` of the default guest with `args` and `env`.
+fn default_cmd(args: &[&str], env: &[(&str, &str)]) -> Command {
     require_kvm();
-    let kernel = guest_file("vmlinux");
-    let initrd = guest_file("initramfs.cpio");
-    Command::new(tandem_bin())
-        .arg("run")
+    let mut cmd = Command::new(tandem_bin());
+    cmd.arg("run")
         .arg("--kernel")
-        .arg(&kernel)
+        .arg(guest_file("vmlinux"))
         .arg("--initrd")
-        .arg(&initrd)
+        .arg(guest_file("initramfs.cpio"))
         .args(args)
-        .envs(env.iter().copied())
+        .envs(env.iter().copied());
+    cmd
+}
+
+/// [`default_cmd`] started, its console unread (these tests need its
+/// threads, not its guest).
+fn start_default(args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+    default_cmd(args, env)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -125,25 +129,9 @@ fn every_thread_of_a_running_vm_is_confined() {
 fn a_denied_call_ends_tandem_with_one_line_naming_thread_and_call() {
     for thread in ["vcpu0", "devices"] {
         phase(thread);
-        let mut child = start_default(&[], &[("TANDEM_SECCOMP_TEST_DENY", thread)]);
-        let end = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > end {
-                let _ = child.kill();
-                panic!("{thread}: tandem still runs 60 s after a denied call");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-        assert_eq!(
-            status.code(),
-            Some(4),
-            "{thread}: {status:?}, stderr: {err}"
-        );
+        let cmd = default_cmd(&[], &[("TANDEM_SECCOMP_TEST_DENY", thread)]);
+        let (code, err) = exit_within(cmd, Duration::from_secs(60));
+        assert_eq!(code, Some(4), "{thread}: stderr: {err}");
         let want = format!(
             "tandem: seccomp: thread '{thread}' made system call personality (135), \
              which its filter denies"

@@ -125,7 +125,8 @@ const FILES: &[i64] = &[
     libc::SYS_copy_file_range,
 ];
 
-/// Sockets: the API socket, streams, the COLO proxy's datagrams.
+/// Making and managing sockets: the API socket, streams, the COLO proxy's
+/// datagrams (their sends and receives are [`DATAGRAMS`]).
 const SOCKETS: &[i64] = &[
     libc::SYS_socket,
     libc::SYS_socketpair,
@@ -134,12 +135,6 @@ const SOCKETS: &[i64] = &[
     libc::SYS_accept4,
     libc::SYS_bind,
     libc::SYS_listen,
-    libc::SYS_sendto,
-    libc::SYS_recvfrom,
-    libc::SYS_sendmsg,
-    libc::SYS_recvmsg,
-    libc::SYS_sendmmsg,
-    libc::SYS_recvmmsg,
     libc::SYS_shutdown,
     libc::SYS_getsockname,
     libc::SYS_getpeername,
@@ -147,7 +142,8 @@ const SOCKETS: &[i64] = &[
     libc::SYS_getsockopt,
 ];
 
-/// Datagrams on sockets already open (the COLO backend of a device).
+/// Sends and receives on sockets already open (also a device's COLO
+/// backend).
 const DATAGRAMS: &[i64] = &[
     libc::SYS_sendto,
     libc::SYS_recvfrom,
@@ -196,11 +192,13 @@ fn lists(kind: Kind) -> (Vec<&'static [i64]>, &'static [u64]) {
     use Kind::*;
     match kind {
         Vmm => (
-            vec![BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS, PROCESS],
+            vec![
+                BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS, DATAGRAMS, PROCESS,
+            ],
             &[IOCTL_KVM, IOCTL_TTY_TUN, IOCTL_SOCKET, IOCTL_BLOCK],
         ),
         Stream => (
-            vec![BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS],
+            vec![BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS, DATAGRAMS],
             &[IOCTL_KVM, IOCTL_TTY_TUN, IOCTL_SOCKET],
         ),
         Vcpu => (
