@@ -33,7 +33,9 @@ def main():
     sock = os.path.join(tmp, "api.sock")
     whole = os.path.join(tmp, "whole.folded")
     cmd = [args.tandem, "run", "--guest-profile", whole, "--guest-profile-hz", str(args.hz),
-           "--api-sock", sock] + args.run_args
+           "--api-sock", sock,
+           # profile-stop writes here (Landlock: docs/sandbox.md).
+           "--landlock-rule", os.path.dirname(os.path.abspath(args.out)) + ":rw"] + args.run_args
     start = time.monotonic()
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)

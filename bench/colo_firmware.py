@@ -80,15 +80,16 @@ def snapshot(args, tmp):
         log(f"restoring {path} (made before)")
         return path, None
     api, err = os.path.join(tmp, "boot.api"), os.path.join(tmp, "boot.err")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     t = time.monotonic()
-    p = spawn(boot_cmd(args, api), err)
+    # The snapshot is written there (Landlock: docs/sandbox.md).
+    p = spawn(boot_cmd(args, api) + ["--landlock-rule", f"{os.path.dirname(path)}:rw"], err)
     try:
         con = Console(p)
         con.wait_for(READY, args.boot_timeout)
         booted = time.monotonic() - t
         con.run("true", args.cmd_timeout)
         log(f"booted in {booted:.1f} s; saving {path}")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         a = ctl(args, api, "snapshot", path + ".tmp")
         if not a.get("ok"):
             raise RuntimeError(f"snapshot: {a}; {tail(err)}")
@@ -129,7 +130,9 @@ def percentile(xs, q):
 def restore(args, snap, tmp):
     """The primary: the snapshot restored (its image given again)."""
     api = os.path.join(tmp, "p.api")
+    # colo-start's lease is in tmp (Landlock: docs/sandbox.md).
     p = spawn([args.tandem, "run", "--restore", snap, *firmware_args(args), "--api-sock", api,
+               "--landlock-rule", f"{tmp}:rw",
                "--net", f"tap={TAPS[0]},mac={MAC}"], os.path.join(tmp, "p.err"))
     con = Console(p)
     t = time.monotonic()

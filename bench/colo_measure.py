@@ -123,7 +123,9 @@ class Pair:
         self.sec = list(tls) if transport == "tls" else []
         self.lease = os.path.join(tmp, f"colo{n}.lock")
         self.procs = []
+        # colo-start's lease is in tmp (Landlock: docs/sandbox.md).
         self.p = spawn([args.tandem, "run", "--restore", snap, "--api-sock", self.api_p,
+                        "--landlock-rule", f"{tmp}:rw",
                         "--net", f"tap={tap(0)},mac={MAC}", *self.sec], self.err + ".p")
         self.procs.append(self.p)
         con = Console(self.p)

@@ -174,7 +174,9 @@ class Tandem(Vmm):
     def boot_cmd(self):
         a = self.args
         return [a.tandem, "run", "--kernel", a.kernel, "--initrd", a.initrd, "--cmdline",
-                a.cmdline, "--mem", self.mem, "--api-sock", self.sock]
+                a.cmdline, "--mem", self.mem, "--api-sock", self.sock,
+                # Snapshots go to tmp (Landlock: docs/sandbox.md).
+                "--landlock-rule", f"{self.tmp}:rw"]
 
     def connect(self):
         self.ctl = JsonSock(self.sock, 30)

@@ -138,6 +138,17 @@ pub struct TestVm {
     api_sock: Option<PathBuf>,
 }
 
+/// `DIR:rw` for the directory of `args`' `--api-sock`, when `args` name
+/// no `--landlock*` option.
+fn landlock_rule_for_api_dir(args: &[&str]) -> Option<String> {
+    if args.iter().any(|a| a.starts_with("--landlock")) {
+        return None;
+    }
+    let i = args.iter().position(|a| *a == "--api-sock")?;
+    let dir = std::path::absolute(args.get(i + 1)?).ok()?;
+    Some(format!("{}:rw", dir.parent()?.display()))
+}
+
 /// The `--api-sock` paths of live [`TestVm`]s, with how many use each.
 fn api_socks() -> &'static Mutex<std::collections::HashMap<PathBuf, usize>> {
     static SOCKS: std::sync::OnceLock<Mutex<std::collections::HashMap<PathBuf, usize>>> =
@@ -152,11 +163,22 @@ impl TestVm {
     }
 
     /// Starts `tandem run <args>` through `cmd` (e.g. `ip netns exec NS tandem`).
+    ///
+    /// Its API socket's directory is the test's scratch directory, where
+    /// its snapshots, reverts and profiles go: unless `args` say
+    /// something of Landlock, it gets `--landlock-rule DIR:rw` for it, as
+    /// a user names the directory their snapshots go to.
     pub fn start_with(mut cmd: Command, args: &[&str]) -> TestVm {
         require_kvm();
+        let scratch_rule = landlock_rule_for_api_dir(args);
         let mut child = cmd
             .arg("run")
             .args(args)
+            .args(
+                scratch_rule
+                    .iter()
+                    .flat_map(|r| ["--landlock-rule", r.as_str()]),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

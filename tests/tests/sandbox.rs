@@ -17,7 +17,8 @@
 //!
 //! - Landlock: a snapshot to a directory the VM was not started with is
 //!   refused with an answer naming `--landlock-rule`, and so is a revert
-//!   from there, while the guest runs on; with the rule, or with
+//!   from there, while the guest runs on; so is one beside the API socket
+//!   (that directory takes sockets only); with the rule, or with
 //!   `--landlock off`, the same snapshot is written.
 //!
 //! Every other guest test runs with the sandbox on (the default), so a
@@ -352,8 +353,10 @@ fn landlock_keeps_snapshots_where_the_vm_was_told() {
     let snap = out.0.join("vm.snap");
     let s = snap.to_str().unwrap();
     let rule = format!("{}:rw", out.0.display());
+    // `--landlock on` (the default) keeps the harness from adding a rule
+    // for the API socket's directory (see TestVm::start_with).
     for (extra, allowed) in [
-        (vec![], false),
+        (vec!["--landlock", "on"], false),
         (vec!["--landlock-rule", rule.as_str()], true),
         (vec!["--landlock", "off"], true),
     ] {
@@ -376,6 +379,11 @@ fn landlock_keeps_snapshots_where_the_vm_was_told() {
                 "{answer}"
             );
             assert!(!snap.exists(), "a refused snapshot left {}", snap.display());
+            // Nor beside the API socket: its directory takes sockets only.
+            let beside = sock.with_extension("snap");
+            let (rc, answer) = ctl(&sock, &["snapshot", beside.to_str().unwrap()]);
+            assert_eq!(rc, 1, "a snapshot beside the API socket: {answer}");
+            assert!(!beside.exists(), "{} was written", beside.display());
         }
         vm.ok("true", CMD);
         drop(vm);

@@ -34,6 +34,9 @@ const DEVICES_RW: &[&str] = &["/dev/kvm", "/dev/net/tun", "/dev/null"];
 
 /// Confines this process as `args` ask (Landlock, then seccomp).
 pub fn start(args: &RunArgs) -> Result<(), ConfineError> {
+    if may_pair(args) {
+        crate::colo::make_lease_dir();
+    }
     if args.landlock.unwrap_or_default() == Switch::On {
         match landlock::restrict(&fs_rules(args)).map_err(ConfineError::Landlock)? {
             Enforced::Fully => {}
@@ -74,8 +77,17 @@ pub fn fs_rules(args: &RunArgs) -> Vec<FsRule> {
         };
         add(&d.path, access);
     }
-    for p in made_here(args) {
-        add(&parent(&p), FsAccess::ReadWrite);
+    for p in sockets(args) {
+        add(&parent(&p), FsAccess::Sockets);
+    }
+    for p in outputs(args) {
+        add(&parent(&p), FsAccess::Outputs);
+    }
+    if may_pair(args) {
+        add(Path::new(crate::colo::LEASE_DIR), FsAccess::ReadWrite);
+    }
+    if let Some(p) = &args.colo_lease {
+        add(&parent(p), FsAccess::ReadWrite);
     }
     rules.extend(args.landlock_rules.iter().cloned());
     rules
@@ -104,27 +116,35 @@ fn read_only(args: &RunArgs) -> Vec<PathBuf> {
     paths
 }
 
-/// The paths this VM makes (its directory is its to write): the API
-/// socket, metrics, the guest profile, a unix: listener, the COLO lease.
-fn made_here(args: &RunArgs) -> Vec<PathBuf> {
-    let mut paths: Vec<PathBuf> = [&args.api_sock, &args.metrics, &args.guest_profile]
-        .into_iter()
-        .flatten()
-        .cloned()
-        .collect();
+/// The sockets this VM binds (in their directories it may make and
+/// remove sockets, nothing else): the API socket, a unix: listener.
+fn sockets(args: &RunArgs) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = args.api_sock.iter().cloned().collect();
     for ep in [&args.incoming, &args.colo_listen].into_iter().flatten() {
         if let Endpoint::Unix(p) = ep {
             paths.push(p.clone());
         }
     }
-    if args.colo.is_some() {
-        let lease = args
-            .colo_lease
-            .clone()
-            .or_else(|| args.colo_listen.as_ref().map(crate::colo::default_lease));
-        paths.extend(lease);
-    }
     paths
+}
+
+/// The files this VM writes through `F.tmp` and a rename (in their
+/// directories it may make, write and replace files, not read them):
+/// metrics, the guest profile.
+fn outputs(args: &RunArgs) -> Vec<PathBuf> {
+    [&args.metrics, &args.guest_profile]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+/// Whether this VM may be a side of a COLO pair (a secondary, or a VM
+/// with an API that `colo-start` can make a primary): then it may read and
+/// write the default leases' directory (a lease keeps an "alone" mark
+/// beside its lock, written through a rename).
+fn may_pair(args: &RunArgs) -> bool {
+    args.colo.is_some() || args.api_sock.is_some()
 }
 
 /// The directory `path` is in (the current one for a bare name).
@@ -167,17 +187,21 @@ mod tests {
             "path=/d/b.img,readonly=on",
             "--api-sock",
             "/run/vm/api.sock",
+            "--metrics",
+            "/var/lib/vm/metrics.json",
             "--landlock-rule",
             "/srv/snaps:rw",
         ]);
         assert!(has(&rules, "/k/vmlinux", FsAccess::Read));
         assert!(has(&rules, "/d/a.img", FsAccess::ReadWrite));
         assert!(has(&rules, "/d/b.img", FsAccess::Read));
-        assert!(has(&rules, "/run/vm", FsAccess::ReadWrite));
+        assert!(has(&rules, "/run/vm", FsAccess::Sockets));
+        assert!(has(&rules, "/var/lib/vm", FsAccess::Outputs));
         assert!(has(&rules, "/srv/snaps", FsAccess::ReadWrite));
         assert!(has(&rules, "/dev/kvm", FsAccess::ReadWrite));
         assert!(has(&rules, "/etc", FsAccess::Read));
-        // Nothing else is writable.
+        // Nothing else is writable: the API socket's and the metrics'
+        // directories only take what tandem makes there.
         let writable: Vec<_> = rules
             .iter()
             .filter(|r| r.access == FsAccess::ReadWrite)
@@ -190,7 +214,7 @@ mod tests {
                 "/dev/net/tun",
                 "/dev/null",
                 "/d/a.img",
-                "/run/vm",
+                "/tmp/tandem-colo",
                 "/srv/snaps"
             ]
         );
@@ -206,7 +230,8 @@ mod tests {
             "--colo-lease",
             "/var/lock/pair.lock",
         ]);
-        assert!(has(&rules, "/run/pair", FsAccess::ReadWrite));
+        assert!(has(&rules, "/run/pair", FsAccess::Sockets));
+        assert!(has(&rules, crate::colo::LEASE_DIR, FsAccess::ReadWrite));
         assert!(has(&rules, "/var/lock", FsAccess::ReadWrite));
     }
 }

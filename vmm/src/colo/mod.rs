@@ -234,15 +234,31 @@ pub enum QueueFullPolicy {
 pub const DEFAULT_COMPARE_TIMEOUT_MS: u64 = 3000;
 pub const DEFAULT_MAX_QUEUE: usize = 1024;
 
+/// Where default leases live: a directory of their own (sticky and open
+/// to every user, like /tmp), so that Landlock can give a VM this
+/// directory rather than all of /tmp.
+pub const LEASE_DIR: &str = "/tmp/tandem-colo";
+
+/// Makes [`LEASE_DIR`] (mode 1777) unless it exists. Its failure is left
+/// to the lease's own open, which names the path.
+pub fn make_lease_dir() {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let made = std::fs::DirBuilder::new().mode(0o1777).create(LEASE_DIR);
+    if made.is_ok() {
+        // The umask took bits from the mode given to mkdir.
+        let _ = std::fs::set_permissions(LEASE_DIR, std::fs::Permissions::from_mode(0o1777));
+    }
+}
+
 /// The one-host lease both sides of a pair on `addr` find without being
-/// told: a file in /tmp named after the secondary's address.
+/// told: a file in [`LEASE_DIR`] named after the secondary's address.
 pub fn default_lease(addr: &Endpoint) -> PathBuf {
     let name: String = addr
         .to_string()
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
-    Path::new("/tmp").join(format!("tandem-colo-{name}.lock"))
+    Path::new(LEASE_DIR).join(format!("{name}.lock"))
 }
 
 /// One side's report (`colo_status`).

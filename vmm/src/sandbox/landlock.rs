@@ -29,6 +29,13 @@ pub enum FsAccess {
     Read,
     /// Everything: read, write, make and remove files and sockets.
     ReadWrite,
+    /// In a directory: make and remove sockets only (an API socket's or a
+    /// unix listener's directory).
+    Sockets,
+    /// In a directory: make, write, replace and remove files, not read
+    /// them (outputs written through `F.tmp` and a rename: metrics, a
+    /// guest profile).
+    Outputs,
 }
 
 /// One rule: `access` beneath `path` (the file itself, or everything in a
@@ -120,6 +127,10 @@ fn rights(rule: &FsRule) -> BitFlags<AccessFs> {
     let asked = match rule.access {
         FsAccess::Read => AccessFs::from_read(HANDLED),
         FsAccess::ReadWrite => AccessFs::from_all(HANDLED),
+        FsAccess::Sockets => AccessFs::MakeSock | AccessFs::RemoveFile,
+        FsAccess::Outputs => {
+            AccessFs::MakeReg | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::RemoveFile
+        }
     };
     if rule.path.is_dir() {
         asked
@@ -189,6 +200,50 @@ mod tests {
         assert_eq!(result.1, Ok(()));
         assert_eq!(result.2, Ok(b"x".to_vec()));
         assert_eq!(result.3, Err(ErrorKind::PermissionDenied));
+        assert_eq!(result.4, Err(ErrorKind::PermissionDenied));
+    }
+
+    /// A sockets directory takes a bound socket, not a file; an outputs
+    /// directory takes a file written through a rename, and is not read.
+    #[test]
+    fn sockets_and_outputs_directories_take_only_their_own() {
+        let dir = std::env::temp_dir().join(format!("tandem-landlock-so-{}", std::process::id()));
+        let (socks, outs) = (dir.join("socks"), dir.join("outs"));
+        for d in [&socks, &outs] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(outs.join("old"), b"secret").unwrap();
+        let rules = vec![
+            FsRule {
+                path: socks.clone(),
+                access: FsAccess::Sockets,
+            },
+            FsRule {
+                path: outs.clone(),
+                access: FsAccess::Outputs,
+            },
+        ];
+        let (s, o) = (socks.clone(), outs.clone());
+        let result = std::thread::spawn(move || {
+            restrict(&rules).unwrap();
+            let bind = std::os::unix::net::UnixListener::bind(s.join("api.sock"))
+                .map(drop)
+                .map_err(|e| e.kind());
+            let unlink = std::fs::remove_file(s.join("api.sock")).map_err(|e| e.kind());
+            let file_in_socks = std::fs::write(s.join("f"), b"x").map_err(|e| e.kind());
+            let output = std::fs::write(o.join("m.tmp"), b"{}")
+                .and_then(|()| std::fs::rename(o.join("m.tmp"), o.join("m.json")))
+                .map_err(|e| e.kind());
+            let read_outs = std::fs::read(o.join("old")).map_err(|e| e.kind());
+            (bind, unlink, file_in_socks, output, read_outs)
+        })
+        .join()
+        .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(result.0, Ok(()));
+        assert_eq!(result.1, Ok(()));
+        assert_eq!(result.2, Err(ErrorKind::PermissionDenied));
+        assert_eq!(result.3, Ok(()));
         assert_eq!(result.4, Err(ErrorKind::PermissionDenied));
     }
 }

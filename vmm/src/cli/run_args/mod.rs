@@ -249,7 +249,7 @@ pub struct RunArgs {
     #[serde(default)]
     pub colo_listen: Option<crate::streams::Endpoint>,
     /// The lease file the pair shares on this host (the side that serves
-    /// holds an exclusive lock on it). Default: /tmp/tandem-colo-ADDR.lock
+    /// holds an exclusive lock on it). Default: /tmp/tandem-colo/ADDR.lock
     /// after --colo-listen, what colo-start uses by default for the same
     /// address.
     #[arg(
