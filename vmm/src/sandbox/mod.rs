@@ -16,6 +16,7 @@
 //! unconfined once the mode is on (a filter that cannot be installed ends
 //! the thread's start with an error).
 
+mod ioctls;
 pub mod landlock;
 pub mod names;
 mod rules;
@@ -193,5 +194,33 @@ mod tests {
         assert_eq!(r.0, -1);
         assert_eq!(r.1, Some(libc::EPERM));
         assert_eq!(r.2, std::process::id() as i32);
+    }
+
+    /// A vCPU's filter takes KVM's requests one by one: a VM or a memory
+    /// slot cannot be made from it, a listed request goes through.
+    #[test]
+    fn a_vcpu_may_not_make_a_vm() {
+        use std::os::fd::AsRawFd;
+        let kvm = std::fs::File::open("/dev/kvm").expect("/dev/kvm");
+        let p = program(Kind::Vcpu, SeccompAction::Errno(libc::EPERM as u32)).unwrap();
+        let fd = kvm.as_raw_fd();
+        let r = std::thread::spawn(move || {
+            seccompiler::apply_filter(&p).unwrap();
+            let call = |req: u64, arg: u64| {
+                // SAFETY: KVM requests on /dev/kvm whose argument is a
+                // number, not a pointer; the refused ones never run.
+                let rc = unsafe { libc::ioctl(fd, req, arg) };
+                (rc, std::io::Error::last_os_error().raw_os_error())
+            };
+            let create_vm = call(0xae01, 0);
+            let api_version = call(0xae00, 0);
+            let check = call(0xae03, u64::from(kvm_bindings::KVM_CAP_IRQCHIP));
+            (create_vm, api_version, check)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(r.0, (-1, Some(libc::EPERM)), "KVM_CREATE_VM");
+        assert_eq!(r.1, (-1, Some(libc::EPERM)), "KVM_GET_API_VERSION");
+        assert!(r.2 .0 >= 0, "KVM_CHECK_EXTENSION: {:?}", r.2);
     }
 }

@@ -1,8 +1,10 @@
 //! Each thread kind's system calls: groups of calls (what any Rust thread
 //! needs, starting a thread, files, sockets, event loops) combined per
-//! [`Kind`], with `ioctl` narrowed to the request types the kind uses
-//! (KVM's, the tap's and terminal's, the socket interface's) and `prctl`
-//! to the operations the standard library and seccomp need.
+//! [`Kind`], with `ioctl` narrowed to the requests the kind uses (one by
+//! one for the vCPU, device, console and helper threads, [`super::ioctls`];
+//! by request type for the VMM and stream threads, which make and restore
+//! the VM: KVM's, the tap's and terminal's, the socket interface's) and
+//! `prctl` to the operations the standard library and seccomp need.
 //!
 //! Pure data, read when a thread is confined. Never does: allow what
 //! starts a program, changes credentials or namespaces, loads kernel code,
@@ -13,6 +15,7 @@ use std::collections::BTreeMap;
 
 use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
 
+use super::ioctls;
 use super::Kind;
 
 /// What every thread does: memory, locks, time, signals, its own end,
@@ -187,7 +190,19 @@ const PRCTL_OPS: &[u64] = &[
     libc::PR_SET_NO_NEW_PRIVS as u64,
 ];
 
-/// A kind's calls: the groups it uses, and its `ioctl` types.
+/// A kind's `ioctl` requests, one by one (besides its types).
+fn requests(kind: Kind) -> Vec<u64> {
+    let mut r = match kind {
+        Kind::Vcpu => [ioctls::VCPU_KVM, &[ioctls::TUN_SET_OFFLOAD]].concat(),
+        Kind::Devices => vec![ioctls::TUN_SET_OFFLOAD],
+        Kind::Vmm | Kind::Stream | Kind::Console | Kind::Helper => Vec::new(),
+    };
+    r.extend_from_slice(ioctls::TERMINAL);
+    r
+}
+
+/// A kind's calls: the groups it uses, and its `ioctl` types (any
+/// request of these types).
 fn lists(kind: Kind) -> (Vec<&'static [i64]>, &'static [u64]) {
     use Kind::*;
     match kind {
@@ -201,32 +216,31 @@ fn lists(kind: Kind) -> (Vec<&'static [i64]>, &'static [u64]) {
             vec![BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS, DATAGRAMS],
             &[IOCTL_KVM, IOCTL_TTY_TUN, IOCTL_SOCKET],
         ),
-        Vcpu => (
-            vec![BASE, EVENTS, SPAWN_INHERITING],
-            &[IOCTL_KVM, IOCTL_TTY_TUN],
-        ),
-        Devices => (
-            vec![BASE, EVENTS, FILE_IO, DATAGRAMS],
-            &[IOCTL_KVM, IOCTL_TTY_TUN, IOCTL_BLOCK],
-        ),
-        Console => (vec![BASE], &[IOCTL_TTY_TUN]),
-        Helper => (vec![BASE], &[IOCTL_KVM]),
+        Vcpu => (vec![BASE, EVENTS, SPAWN_INHERITING], &[]),
+        Devices => (vec![BASE, EVENTS, FILE_IO, DATAGRAMS], &[]),
+        Console => (vec![BASE], &[]),
+        Helper => (vec![BASE], &[]),
     }
 }
 
 /// `kind`'s rules, in seccompiler's form: a call with no conditions is
-/// allowed outright; `ioctl` and `prctl` only with the values listed.
+/// allowed outright; `ioctl` and `prctl` only with the values listed (the
+/// request types first, then the requests: `KVM_RUN` leads a vCPU's).
 pub fn of(kind: Kind) -> BTreeMap<i64, Vec<SeccompRule>> {
-    let (groups, ioctls) = lists(kind);
+    let (groups, types) = lists(kind);
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for nr in groups.into_iter().flatten() {
         rules.insert(*nr, Vec::new());
     }
-    let ioctl = ioctls
+    let ioctl: Vec<SeccompRule> = types
         .iter()
         .map(|&ty| masked(1, 0xff00, ty << 8))
+        .chain(requests(kind).into_iter().map(|req| equal(1, req)))
         .collect();
-    rules.insert(libc::SYS_ioctl, ioctl);
+    // An empty list would allow every request.
+    if !ioctl.is_empty() {
+        rules.insert(libc::SYS_ioctl, ioctl);
+    }
     let prctl = PRCTL_OPS.iter().map(|&op| equal(0, op)).collect();
     rules.insert(libc::SYS_prctl, prctl);
     rules
@@ -290,6 +304,16 @@ mod tests {
                 assert!(!rules.contains_key(&nr), "{kind:?} lists {nr}");
             }
         }
+    }
+
+    #[test]
+    fn narrow_kinds_list_requests_not_types() {
+        for kind in [Kind::Vcpu, Kind::Devices, Kind::Console, Kind::Helper] {
+            let (_, types) = lists(kind);
+            assert!(types.is_empty(), "{kind:?}");
+            assert!(!of(kind)[&libc::SYS_ioctl].is_empty(), "{kind:?}");
+        }
+        assert_eq!(requests(Kind::Vcpu)[0], ioctls::KVM_RUN);
     }
 
     #[test]
