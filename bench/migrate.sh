@@ -22,6 +22,6 @@
 # Usage: flock /tmp/tandem-guest.lock bench/migrate.sh [--runs N] [--sizes 512,2048] [--cpus 1]
 #            [--dirty-mib 256] [--dirty-rate 200]
 #            [--workloads idle,dirty] [--bandwidths 0,128] [--modes thread,inline,qemu]
-#            [--timeout-s 120] [--tmpdir DIR] [--sandbox on|off]
+#            [--timeout-s 120] [--tmpdir DIR] [--sandbox on|off] [--initially-set on|off]
 source "$(dirname "$0")/common.sh"
 exec python3 bench/migrate_measure.py "${guest_args[@]}" "$@"

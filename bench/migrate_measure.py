@@ -263,7 +263,8 @@ class TandemGuest(Guest, sm.Tandem):
     def migrate(self, run, mode, bw):
         a = self.args
         cmd = [a.tandem, "ctl", "--api-sock", run["api"], "migrate", run["to"], "--json",
-               "--downtime-ms", str(a.downtime_ms), "--mode", mode, "--timeout-s", str(a.timeout_s)]
+               "--downtime-ms", str(a.downtime_ms), "--mode", mode, "--timeout-s", str(a.timeout_s),
+               "--initially-set", a.initially_set]
         if bw:
             cmd += ["--bandwidth", str(bw)]
         out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -278,7 +279,8 @@ class TandemGuest(Guest, sm.Tandem):
                "downtime_ms": rep.get("downtime_ms") if converged else None,
                "sent_mib": rep.get("sent_bytes", 0) / 1048576.0,
                "rounds": len(rep.get("rounds") or []), "throttle_pct": rep.get("throttle"),
-               "setup_ms": rep.get("setup_ms"), "dirty_rate_mib": rep.get("dirty_rate_mib")}
+               "setup_ms": rep.get("setup_ms"), "dirty_rate_mib": rep.get("dirty_rate_mib"),
+               "log_start_ms": rep.get("log_start_ms"), "log_all_dirty": rep.get("log_all_dirty")}
         if not converged:
             res["why"] = f"{rep.get('phase')}: {rep.get('error')}"
         return res
@@ -406,6 +408,7 @@ class QemuGuest(Guest, sm.Qemu):
 
 FIGURES = [  # key, header, format
     ("total_s", "total s", "{:.2f}"),
+    ("log_start_ms", "log start", "{:.2f}"),
     ("downtime_ms", "downtime ms", "{:.0f}"),
     ("paused_to_running_ms", "paused->run", "{:.1f}"),
     ("sent_mib", "MiB sent", "{:.0f}"),
@@ -643,6 +646,9 @@ def parse_args():
     ap.add_argument("--downtime-ms", type=int, default=300)
     ap.add_argument("--sandbox", choices=["on", "off"], default="on",
                     help="off: both sides with --seccomp off --landlock off (default: on)")
+    ap.add_argument("--initially-set", choices=["on", "off"], default="on",
+                    help="tandem's dirty log starts all dirty (on, the default) or all "
+                         "write-protected at once (off): the 'log start' figure")
     ap.add_argument("--timeout-s", type=int, default=120, help="per migration")
     ap.add_argument("--quiet-s", type=float, default=2.0,
                     help="the guest's floor: its gaps after the restore, before any ping")

@@ -22,7 +22,9 @@
 //! reads back what the guest synced before.
 //!
 //! Beside it (the other test thread, its own namespace), an idle guest
-//! moves twice: in `--mode inline` over TCP, then on from that destination
+//! moves twice: in `--mode inline` over TCP (its dirty log write-protecting
+//! all of memory at the start, `--initially-set off`; every other
+//! migration here starts it all dirty), then on from that destination
 //! to a third tandem in the default thread mode, with a TCP stream running
 //! across both moves, the disk handed over twice, and the CMOS RTC the
 //! guest set a day ahead still a day ahead at the end (its state moved).
@@ -197,13 +199,20 @@ fn an_idle_guest_moves_twice() {
     intruders_refused(&ns, &pki, &mut first, "127.0.0.1:4421");
     wrong_destination_refused(&ns, &api, &mut src, &image, &sum);
     let stream = Stream::start(&mut src, &ns, 5002, 12, IDLE);
-    let (code, report) = migrate(&ns, &api, "tcp:127.0.0.1:4421", &["--mode", "inline"]);
+    // This one write-protects all of memory at the start of its dirty log
+    // (`--initially-set off`); the others start it all dirty.
+    let (code, report) = migrate(
+        &ns,
+        &api,
+        "tcp:127.0.0.1:4421",
+        &["--mode", "inline", "--initially-set", "off"],
+    );
     phase("idle: moved inline");
     eprintln!("inline migration over TLS: {report}");
     assert_completed(code, &report);
     assert!(first.stderr().contains("refused"), "{}", first.stderr());
     assert!(stream.running(), "the stream runs across the first move");
-    check_report(&report, "inline");
+    check_report(&report, "inline", false);
     source_gone(&mut src, "migrated to tcp:127.0.0.1:4421");
     guest_goes_on(&mut first, &sum);
 
@@ -225,7 +234,7 @@ fn an_idle_guest_moves_twice() {
     ));
     eprintln!("chained migration: {report}");
     assert_completed(code, &report);
-    check_report(&report, "thread");
+    check_report(&report, "thread", true);
     source_gone(&mut first, "migrated to unix:");
     guest_goes_on(&mut second, &sum);
     let ahead = RTC_AHEAD_S as f64;
@@ -518,7 +527,7 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
     phase("dirtying: migrated");
     eprintln!("migration: {report}");
     assert_completed(code, &report);
-    check_report(&report, "thread");
+    check_report(&report, "thread", true);
     assert!(
         report["throttle"].as_u64().unwrap_or(0) > 0,
         "auto-converge throttled the guest (it dirties 16 MiB/s, sending is capped at 8): {report}"
@@ -533,8 +542,13 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
     dst.remove_on_drop(image.to_path_buf());
 }
 
-fn check_report(report: &serde_json::Value, mode: &str) {
+/// The report of a completed migration in `mode`, its dirty log started
+/// all dirty (`KVM_DIRTY_LOG_INITIALLY_SET`: this host's KVM offers it) or
+/// all write-protected at once.
+fn check_report(report: &serde_json::Value, mode: &str, all_dirty: bool) {
     assert_eq!(report["params"]["mode"], mode, "{report}");
+    assert_eq!(report["log_all_dirty"], all_dirty, "{report}");
+    assert!(report["log_start_ms"].as_f64().is_some(), "{report}");
     let pages = report["pages"].as_u64().unwrap_or(0);
     assert!(
         pages >= 32768,

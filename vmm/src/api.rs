@@ -17,7 +17,8 @@
 //! {"cmd":"dirty_log","action":"start"|"read"|"stop"}
 //!                                  -> {"ok":true,"logging":...,"pages":...,"kvm_pages":...,...}
 //! {"cmd":"migrate","to":"tcp:H:P"|"unix:PATH","downtime_ms":300,"bandwidth_mib":null,
-//!  "auto_converge":true,"timeout_s":600,"mode":"thread"|"inline"}
+//!  "auto_converge":true,"timeout_s":600,"mode":"thread"|"inline",
+//!  "initially_set":true}
 //!                                  -> {"ok":true,"migration":{status}} (started; fields optional)
 //! {"cmd":"migrate_status"}         -> {"ok":true,"migration":{"phase":...,"round":...,...}}
 //! {"cmd":"migrate_cancel"}         -> {"ok":true,"migration":{...}} (the guest runs on here)
@@ -152,6 +153,8 @@ pub enum Request {
         timeout_s: u64,
         #[serde(default)]
         mode: crate::migrate::Mode,
+        #[serde(default = "field::default_true")]
+        initially_set: bool,
     },
     MigrateStatus {},
     MigrateCancel {},
@@ -413,6 +416,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             auto_converge,
             timeout_s,
             mode,
+            initially_set,
         } => {
             let params = crate::migrate::Params {
                 downtime_ms,
@@ -420,6 +424,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                 auto_converge,
                 timeout_s,
                 mode,
+                initially_set,
             };
             answer(ctl.migrate(&to, params))
         }

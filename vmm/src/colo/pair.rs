@@ -162,6 +162,7 @@ fn sync(vm: &VmLink, params: &Params, side: &Side) -> Result<Conn, ColoError> {
         auto_converge: true,
         timeout_s: 600,
         mode: crate::migrate::Mode::Thread,
+        initially_set: true,
     };
     let status = Mutex::new(crate::migrate::Status::new(&params.to, &mparams));
     let synced =

@@ -170,6 +170,8 @@ fn batcher<'a>(
 }
 
 /// Sends every page of guest RAM (round 0; the dirty log is already on).
+/// A log that started all dirty is cleared (so write-protected) chunk by
+/// chunk, each just before its copy.
 pub fn send_all(
     ram: &GuestRam,
     conn: &mut Conn,
@@ -179,6 +181,7 @@ pub fn send_all(
 ) -> Result<(), MigrateError> {
     let mut b = batcher(conn, params, sent, stop);
     let mut buf = vec![0u8; PAGE * BATCH_PAGES];
+    let clear = ram.log_started_all_dirty();
     for s in ram.slots() {
         let mut off = 0u64;
         while off < s.bytes {
@@ -186,6 +189,10 @@ pub fn send_all(
             stop.slicer.point();
             let n = (s.bytes - off).min(buf.len() as u64) as usize;
             let chunk = &mut buf[..n];
+            if clear {
+                // `off` is a multiple of BATCH_PAGES pages (so of KVM's 64).
+                ram.clear_dirty(s.id, off / PAGE as u64, n as u64 / PAGE as u64)?;
+            }
             ram.mem()
                 .read_slice(chunk, GuestAddress(s.gpa + off))
                 .map_err(|e| MigrateError::Read(s.gpa + off, e))?;

@@ -316,7 +316,16 @@ impl<'a> Run<'a> {
             s.phase = Phase::PreCopy;
         });
         let ram = self.vm.ram();
-        ram.start_dirty_log()?;
+        let t = Instant::now();
+        let all_dirty = if self.params.initially_set {
+            ram.start_dirty_log_all_dirty()?
+        } else {
+            ram.start_dirty_log().map(|()| false)?
+        };
+        self.update(|s| {
+            s.log_start_ms = t.elapsed().as_secs_f64() * 1000.0;
+            s.log_all_dirty = all_dirty;
+        });
         let progress = progress_to(self.status);
         let stop = pre_copy_stop(self, &progress);
         pages::send_all(ram, &mut conn, self.params, &mut self.sent, &stop)?;

@@ -44,6 +44,12 @@ pub struct Params {
     /// loop (to measure the difference).
     #[serde(default)]
     pub mode: Mode,
+    /// Start KVM's dirty log with every page dirty where KVM offers it
+    /// (`KVM_DIRTY_LOG_INITIALLY_SET`): no stall to write-protect all of
+    /// memory at the start; each chunk is protected as round 0 copies it.
+    /// Off: all protected at once (to measure the difference).
+    #[serde(default = "default_true")]
+    pub initially_set: bool,
 }
 
 /// Where the migration's work runs (see `migrate::inline`).
@@ -75,6 +81,7 @@ impl Default for Params {
             auto_converge: true,
             timeout_s: DEFAULT_TIMEOUT_S,
             mode: Mode::Thread,
+            initially_set: true,
         }
     }
 }
@@ -153,6 +160,12 @@ pub struct Status {
     pub throttle: u8,
     /// Connect and handshake, ms.
     pub setup_ms: f64,
+    /// Starting KVM's dirty log, ms (all of memory write-protected, unless
+    /// `log_all_dirty`).
+    pub log_start_ms: f64,
+    /// The log started all dirty (`KVM_DIRTY_LOG_INITIALLY_SET`): memory
+    /// was write-protected chunk by chunk in round 0, not at the start.
+    pub log_all_dirty: bool,
     /// Source paused to the destination holding the guest, ms.
     pub downtime_ms: Option<f64>,
     /// Where the downtime went.
@@ -178,6 +191,8 @@ impl Status {
             dirty_rate_mib: 0.0,
             throttle: 0,
             setup_ms: 0.0,
+            log_start_ms: 0.0,
+            log_all_dirty: false,
             downtime_ms: None,
             downtime_parts: None,
             total_ms: 0.0,

@@ -10,6 +10,11 @@
 //!   reset the log: [`GuestRam::clear_dirty`] resets a range and
 //!   write-protects it again, so a caller clears a range just before it
 //!   copies it, and a write after the copy is seen in the next round.
+//!   Where KVM also offers `KVM_DIRTY_LOG_INITIALLY_SET`,
+//!   [`GuestRam::start_dirty_log_all_dirty`] starts the log with every
+//!   page dirty and nothing write-protected: the stall of protecting all
+//!   of memory at once (milliseconds per GiB, vCPUs included) becomes a
+//!   clear per chunk, spread over the first copy.
 //! - the device bitmap of each region (`AtomicBitmap`): the pages a device
 //!   wrote through vm-memory (RX buffers, used rings, disk reads), which
 //!   KVM never sees. Reading it resets it.
@@ -23,8 +28,8 @@ use std::sync::Mutex;
 
 use kvm_bindings::{
     kvm_clear_dirty_log, kvm_enable_cap, kvm_userspace_memory_region, KVMIO,
-    KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2, KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE,
-    KVM_MEM_LOG_DIRTY_PAGES,
+    KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2, KVM_DIRTY_LOG_INITIALLY_SET,
+    KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE, KVM_MEM_LOG_DIRTY_PAGES,
 };
 use kvm_ioctls::VmFd;
 use std::sync::Arc;
@@ -149,6 +154,10 @@ struct LogState {
     on: bool,
     /// KVM keeps bits until `KVM_CLEAR_DIRTY_LOG` (manual protect).
     manual: bool,
+    /// The log started with every page dirty and none write-protected
+    /// (`KVM_DIRTY_LOG_INITIALLY_SET`): each page is protected when its
+    /// range is first cleared.
+    all_dirty: bool,
 }
 
 /// Guest RAM of one VM, registered with KVM.
@@ -252,19 +261,43 @@ impl GuestRam {
     /// and the device bitmaps start from empty. Every page counts as clean
     /// from here: the caller copies all of memory once first.
     pub fn start_dirty_log(&self) -> Result<(), MemoryError> {
+        self.start_log(false).map(drop)
+    }
+
+    /// [`Self::start_dirty_log`] with KVM's log starting all dirty where
+    /// KVM offers it (see the module doc): nothing is write-protected now,
+    /// and every page reads dirty until its range is cleared. The caller
+    /// clears each range ([`Self::clear_dirty`]) just before its first
+    /// copy. Returns whether the log started so; if not, it started as
+    /// [`Self::start_dirty_log`] does (all protected, all clean).
+    pub fn start_dirty_log_all_dirty(&self) -> Result<bool, MemoryError> {
+        self.start_log(true)
+    }
+
+    /// Whether the running log started all dirty.
+    pub fn log_started_all_dirty(&self) -> bool {
+        devices::sync::lock(&self.log).all_dirty
+    }
+
+    fn start_log(&self, want_all_dirty: bool) -> Result<bool, MemoryError> {
         let mut log = devices::sync::lock(&self.log);
         if log.on {
-            return Ok(());
+            return Ok(log.all_dirty);
         }
-        let manual = self
+        let offered = self
             .vm
-            .check_extension_raw(u64::from(KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2))
-            & KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE as i32
-            != 0;
+            .check_extension_raw(u64::from(KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2));
+        let manual = offered & KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE as i32 != 0;
+        let all_dirty =
+            want_all_dirty && manual && offered & KVM_DIRTY_LOG_INITIALLY_SET as i32 != 0;
         if manual {
+            let mut flags = u64::from(KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE);
+            if all_dirty {
+                flags |= u64::from(KVM_DIRTY_LOG_INITIALLY_SET);
+            }
             let cap = kvm_enable_cap {
                 cap: KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
-                args: [u64::from(KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE), 0, 0, 0],
+                args: [flags, 0, 0, 0],
                 ..Default::default()
             };
             // KVM refuses the cap once a slot logs: enable it before.
@@ -278,8 +311,12 @@ impl GuestRam {
         for region in self.mem.iter() {
             vm_memory::MmapRegion::bitmap(region).reset();
         }
-        *log = LogState { on: true, manual };
-        Ok(())
+        *log = LogState {
+            on: true,
+            manual,
+            all_dirty,
+        };
+        Ok(all_dirty)
     }
 
     /// Turns the dirty log off again (slots registered without logging).
@@ -513,5 +550,30 @@ mod tests {
         assert!(ram.clear_dirty(3, 0, 1).is_err());
         ram.stop_dirty_log().unwrap();
         assert!(!ram.logging());
+    }
+
+    /// Needs /dev/kvm: where KVM offers `KVM_DIRTY_LOG_INITIALLY_SET` the
+    /// log starts with every page dirty, and a cleared range reads clean
+    /// from then on; a log started the usual way reads clean.
+    #[test]
+    fn a_log_started_all_dirty_reads_dirty_until_cleared() {
+        let kvm = kvm_ioctls::Kvm::new().expect("/dev/kvm");
+        let vm = Arc::new(kvm.create_vm().unwrap());
+        let offered = vm.check_extension_raw(u64::from(KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2))
+            & (KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE | KVM_DIRTY_LOG_INITIALLY_SET) as i32;
+        let ram = GuestRam::new(vm, 16 << 20).unwrap();
+        let pages = (16 << 20) / PAGE_SIZE;
+        let all = ram.start_dirty_log_all_dirty().unwrap();
+        assert_eq!(all, offered == 3, "KVM offers {offered:#x}");
+        assert_eq!(ram.log_started_all_dirty(), all);
+        let expect = if all { pages } else { 0 };
+        assert_eq!(ram.dirty_pages().unwrap()[0].count(), expect);
+        ram.clear_dirty(0, 0, 64).unwrap();
+        let expect = if all { pages - 64 } else { 0 };
+        assert_eq!(ram.dirty_pages().unwrap()[0].count(), expect);
+        ram.stop_dirty_log().unwrap();
+        ram.start_dirty_log().unwrap();
+        assert!(!ram.log_started_all_dirty());
+        assert_eq!(ram.dirty_pages().unwrap()[0].count(), 0);
     }
 }
