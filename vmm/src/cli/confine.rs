@@ -38,6 +38,13 @@ pub fn start(args: &RunArgs) -> Result<(), ConfineError> {
         crate::colo::make_lease_dir();
     }
     if args.landlock.unwrap_or_default() == Switch::On {
+        for r in args.landlock_rules.iter().filter(|r| !r.path.exists()) {
+            log::warn!(
+                "Landlock: --landlock-rule {}: no such file or directory, so nothing there \
+                 may be opened (make it before starting tandem)",
+                r.path.display()
+            );
+        }
         match landlock::restrict(&fs_rules(args)).map_err(ConfineError::Landlock)? {
             Enforced::Fully => {}
             Enforced::Partly => log::info!("Landlock: this kernel enforces part of the rules"),

@@ -337,11 +337,13 @@ pub struct RunArgs {
     /// or off: once started, this VMM may open only what this VM needs:
     /// its kernel, initrd, firmware, snapshot and TLS files read-only, its
     /// disks (read-only with readonly=on), /dev/kvm and /dev/net/tun, the
-    /// system's /etc, /usr, /lib, /proc and /sys read-only, and, read and
-    /// write, the directories of the paths it makes: --api-sock (snapshots
-    /// and profiles may go there), --metrics, --guest-profile, a unix:
-    /// --incoming or --colo-listen, the COLO lease file. Anything else
-    /// (e.g. a snapshot elsewhere) needs --landlock-rule.
+    /// system's /etc, /usr, /lib, /proc and /sys read-only; in the
+    /// directories of --api-sock and of a unix: --incoming or --colo-listen
+    /// it may make and remove sockets only, in those of --metrics and
+    /// --guest-profile make and replace files (not read them); it reads and
+    /// writes /tmp/tandem-colo (default COLO leases) and --colo-lease's
+    /// directory. Anything else (a snapshot, revert or profile through the
+    /// API, even beside the API socket) needs --landlock-rule.
     #[arg(long, value_name = "on|off")]
     #[serde(default)]
     pub landlock: Option<crate::sandbox::landlock::Switch>,
