@@ -5,7 +5,8 @@
 //! Runs on the main thread once its options are read, before it opens a
 //! kernel, disk, tap or socket and before any other thread exists. Never
 //! does: allow a path that no option names, beyond the system's read-only
-//! directories and the two devices a VM needs.
+//! directories, the devices a VM needs and the default COLO leases'
+//! directory.
 
 use std::path::{Path, PathBuf};
 

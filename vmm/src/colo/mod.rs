@@ -239,14 +239,31 @@ pub const DEFAULT_MAX_QUEUE: usize = 1024;
 /// directory rather than all of /tmp.
 pub const LEASE_DIR: &str = "/tmp/tandem-colo";
 
-/// Makes [`LEASE_DIR`] (mode 1777) unless it exists. Its failure is left
-/// to the lease's own open, which names the path.
+/// Makes [`LEASE_DIR`] (mode 1777) unless it exists, and says so when an
+/// existing one is not a directory owned by root or this user with the
+/// sticky bit (another user could then remove or replace the leases in
+/// it). A failure to make it is left to the lease's own open, which names
+/// the path.
 pub fn make_lease_dir() {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let made = std::fs::DirBuilder::new().mode(0o1777).create(LEASE_DIR);
     if made.is_ok() {
         // The umask took bits from the mode given to mkdir.
         let _ = std::fs::set_permissions(LEASE_DIR, std::fs::Permissions::from_mode(0o1777));
+        return;
+    }
+    let Ok(m) = std::fs::symlink_metadata(LEASE_DIR) else {
+        return;
+    };
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let owned = m.uid() == 0 || m.uid() == me;
+    if !m.is_dir() || !owned || m.mode() & 0o1000 == 0 {
+        log::warn!(
+            "{LEASE_DIR} (default COLO leases) is not a sticky directory owned by root or \
+             this user: another user could remove or replace leases there; give \
+             --colo-lease (and colo-start's lease) elsewhere"
+        );
     }
 }
 
