@@ -6,7 +6,8 @@
 # data into a tmpfs file; then, per run and interleaved: pause latency (the
 # VMM's own figure and the API/QMP round trip), snapshot time (tandem's
 # snapshot verb / QEMU `migrate` to `exec:cat > F` plus a sync) and file
-# size, and restore-to-running time (`tandem run --restore F` / QEMU
+# size, and restore-to-running time (`tandem run --restore F`, mapped and
+# copied, with the VMM's own time to place memory / QEMU
 # `-incoming "exec:cat F"` + `cont`, from process start until the guest
 # shell answers on the console), each restore checked by the file's
 # checksum inside the guest. Min/median of N runs (default 3), the ratio

@@ -21,7 +21,12 @@ alternates between runs), for each VMM:
   restore   a new process from the file: `tandem run --restore F` / QEMU with
             `-incoming "exec:cat F"` and QMP `cont` once loaded (the source was
             paused, so QEMU stays paused after the load); time from process
-            start until the guest shell answers an echo on the console
+            start until the guest shell answers an echo on the console.
+            tandem restores twice: mapped (`--restore-memory map`, the
+            default: the pages are mapped from the file, nothing is read
+            before the guest runs) and copied (`--restore-memory copy`:
+            every page read and its CRC checked first); for each, the
+            VMM's own time to put memory in place (its log line)
   verify    the file's checksum in the restored guest equals the source's
 The source then resumes (and answers an echo) before its next pause. The
 snapshot file is read back from the page cache in both cases.
@@ -32,6 +37,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -201,19 +207,41 @@ class Tandem(Vmm):
             raise RuntimeError(f"tandem says {ans['file_bytes']} bytes, the file has {size}")
         return ans["ms"], ms, size
 
-    def restore(self, path, data_mib, sha):
-        """Returns seconds from process start to the console's answer."""
+    def restore(self, path, data_mib, sha, mode="map"):
+        """Returns seconds from process start to the console's answer; keeps
+        the VMM's own time to put memory in place (its log line) in
+        self.placed_ms."""
         t0 = time.monotonic()
-        p = spawn([self.args.tandem, "run", "--restore", path, "--mem", self.mem], self.err)
+        p = spawn([self.args.tandem, "run", "--restore", path, "--mem", self.mem,
+                   "--restore-memory", mode], self.err)
         try:
             con = Console(p)
             # Input from a pipe is held until the guest listens.
             con.wait_for(con.send("true"), self.args.restore_timeout)
             secs = time.monotonic() - t0
             verify(con, data_mib, sha, self.args.cmd_timeout)
+            self.placed_ms = placed_ms(self.err, mode)
             return secs, None
         finally:
             kill(p)
+
+
+def placed_ms(err_path, mode):
+    """The last 'restore: ... in X ms' line tandem logged (RUST_LOG has
+    vmm::builder=info): X, checked to be of `mode`."""
+    with open(err_path, errors="replace") as f:
+        found = PLACED.findall(f.read())
+    if not found:
+        raise RuntimeError(f"no restore line in {err_path}")
+    how, ms = found[-1]
+    want = "mapped from the file" if mode == "map" else "copied"
+    if how != want:
+        raise RuntimeError(f"--restore-memory {mode} logged '{how}'")
+    return float(ms)
+
+
+PLACED = re.compile(r"restore: \d+ pages of guest memory in \d+ runs, "
+                    r"(mapped from the file|copied) in ([0-9.]+) ms")
 
 
 class Qemu(Vmm):
@@ -319,6 +347,11 @@ def one_round(vm, state, run, data_mib, res):
     try:
         vmm_snap, wall_snap, size = vm.snapshot(path)
         restore, loaded = vm.restore(path, data_mib, state["sha"])
+        copy = placed = placed_copy = None
+        if isinstance(vm, Tandem):
+            placed = vm.placed_ms
+            copy, _ = vm.restore(path, data_mib, state["sha"], mode="copy")
+            placed_copy = vm.placed_ms
     finally:
         for f in (path, path + ".tmp", path + ".synced"):
             try:
@@ -327,11 +360,16 @@ def one_round(vm, state, run, data_mib, res):
                 pass
     for k, v in [("pause_vmm_ms", vmm_pause), ("pause_rtt_ms", rtt_pause),
                  ("snap_vmm_ms", vmm_snap), ("snap_wall_ms", wall_snap),
-                 ("file_mib", size / 1048576.0), ("restore_s", restore)]:
+                 ("file_mib", size / 1048576.0), ("restore_s", restore),
+                 ("restore_copy_s", copy), ("placed_ms", placed),
+                 ("placed_copy_ms", placed_copy)]:
         if v is not None:
             res[k].append(v)
     res["verified"] += 1
     extra = f" (loaded at {loaded:.2f} s)" if loaded is not None else ""
+    if copy is not None:
+        extra += (f", memory mapped in {placed:.1f} ms; by copy {copy:.2f} s to console, "
+                  f"memory copied in {placed_copy:.1f} ms")
     vp = f"{vmm_pause:.2f} ms VMM, " if vmm_pause is not None else ""
     log(f"  {vm.name}: pause {vp}{rtt_pause:.2f} ms round trip; snapshot {vmm_snap:.0f} ms "
         f"VMM, {wall_snap:.0f} ms wall, {size / 1048576.0:.1f} MiB; restore to console "
@@ -345,6 +383,9 @@ FIGURES = [
     ("snap_wall_ms", "snapshot, wall", "ms"),
     ("file_mib", "snapshot file size", "MiB"),
     ("restore_s", "restore to console", "s"),
+    ("restore_copy_s", "restore to console, copy", "s"),
+    ("placed_ms", "memory mapped, VMM", "ms"),
+    ("placed_copy_ms", "memory copied, VMM", "ms"),
 ]
 
 
@@ -378,6 +419,8 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",") if s]
 
     exit_on_signals()
+    # tandem logs how long a restore took to put memory in place.
+    os.environ["RUST_LOG"] = "warn,vmm::builder=info"
 
     tmp = tempfile.mkdtemp(prefix="tandem-snapbench-", dir=args.tmpdir)
     results = {}

@@ -391,7 +391,11 @@ fn records(file: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     for s in reader.sections().to_vec() {
         let (len, mut body) = reader.section_reader(&s.name, s.kind).expect("a section");
-        out.push(u8::from(s.kind == SectionKind::Memory));
+        out.push(match s.kind {
+            SectionKind::Memory => 1,
+            SectionKind::Pages => 2,
+            SectionKind::State => 0,
+        });
         out.push(s.name.len() as u8);
         out.extend_from_slice(s.name.as_bytes());
         out.extend_from_slice(&u16::try_from(len).expect("a small section").to_le_bytes());

@@ -26,6 +26,7 @@ use devices::virtio::mmio::MmioTransport;
 use devices::GuestMemoryMmap;
 use migration::format::{FormatError, SectionInfo, SectionKind};
 use migration::memory::PAGE_SIZE;
+use migration::MemoryError;
 use migration::{
     check_compatible, DeviceConfig, Manifest, SnapshotReader, SnapshotWriter, Snapshottable,
 };
@@ -60,6 +61,7 @@ fn refused(e: impl std::fmt::Display) -> String {
 /// reason), which is fine for hostile input.
 pub fn restore(bytes: &[u8]) -> Result<Restored, String> {
     let mut reader = SnapshotReader::open(Cursor::new(bytes)).map_err(refused)?;
+    let version = reader.version();
     check_index(reader.sections(), bytes.len() as u64);
     read_all(&mut reader)?;
     self_compatible(&mut reader);
@@ -94,7 +96,7 @@ pub fn restore(bytes: &[u8]) -> Result<Restored, String> {
         t.check_state(transport).map_err(refused)?;
         built.push((t, transport.clone()));
     }
-    let pages = fill_memory(&mut image, &layout, &mem);
+    let pages = fill_memory(&mut image, &layout, &mem, version)?;
     for (t, state) in &mut built {
         if let Err(e) = t.restore(state) {
             panic!("restore refused a state check_state accepted: {e}\n{state:#x?}");
@@ -155,10 +157,11 @@ fn read_all(reader: &mut SnapshotReader<Cursor<&[u8]>>) -> Result<(), String> {
     for s in reader.sections().to_vec() {
         let got = match s.kind {
             SectionKind::State => reader.read_state_bytes(&s.name).map_err(refused)?.len() as u64,
-            SectionKind::Memory => {
-                let (len, mut body) = reader
-                    .section_reader(&s.name, SectionKind::Memory)
-                    .map_err(refused)?;
+            kind @ (SectionKind::Memory | SectionKind::Pages) => {
+                if kind == SectionKind::Pages {
+                    assert_eq!(s.offset % 4096, 0, "pages section {} unaligned", s.name);
+                }
+                let (len, mut body) = reader.section_reader(&s.name, kind).map_err(refused)?;
                 assert_eq!(len, s.len, "section {} length", s.name);
                 io::copy(&mut body, &mut io::sink()).map_err(refused)?
             }
@@ -183,11 +186,14 @@ fn device_for(config: &DeviceConfig, mem: &GuestMemoryMmap) -> MmioTransport {
 
 /// Reads the (validated) image into `mem`: every chunk lies inside the
 /// layout, after the previous one; the image accounts for its whole body.
+/// The one refusal left after validation is a version 3 image whose pages
+/// do not match their CRC (checked only as they are read).
 fn fill_memory(
     image: &mut vmm::snapshot::Restore<Cursor<&[u8]>>,
     layout: &[(u64, u64)],
     mem: &GuestMemoryMmap,
-) -> u64 {
+    version: u32,
+) -> Result<u64, String> {
     let mut next = 0u64;
     let stats = image.read_memory(|gpa, bytes| {
         let end = gpa + bytes.len() as u64;
@@ -199,23 +205,31 @@ fn fill_memory(
         next = end;
         mem.write_slice(bytes, GuestAddress(gpa))
     });
-    // A validated image cannot be refused any more: its runs are inside
-    // guest memory and its body is as long as the table says.
+    // A validated image cannot be refused any more, but for its pages'
+    // CRC: its runs are inside guest memory and its sections are as long
+    // as the table says.
     let stats = match stats {
         Ok(s) => s,
+        Err(e @ vmm::snapshot::SnapshotError::Memory {
+            err: MemoryError::PagesCrc { .. },
+            ..
+        }) if version >= 3 => return Err(refused(e)),
         Err(e) => panic!("validated memory image failed to load: {e}"),
     };
-    assert_eq!(
-        stats.body_len,
-        8 + 12 * stats.runs + stats.pages * PAGE_SIZE,
-        "image body accounted for"
-    );
-    stats.pages
+    let body = if version >= 3 {
+        16 + 12 * stats.runs
+    } else {
+        8 + 12 * stats.runs + stats.pages * PAGE_SIZE
+    };
+    assert_eq!(stats.body_len, body, "image body accounted for");
+    Ok(stats.pages)
 }
 
-/// `bytes` with the trailer's total length and the CRC made right, when
-/// they end in a trailer (its tag 17 bytes from the end) and were not
-/// right already.
+/// `bytes` with the trailer's total length and the CRC made right (the
+/// CRC the format's own [`migration::format::expected_crc`] gives, which
+/// leaves out pages bodies; over every byte when the structure does not
+/// walk), when they end in a trailer (its tag 17 bytes from the end) and
+/// were not right already.
 pub fn resealed(bytes: &[u8]) -> Option<Vec<u8>> {
     let len = bytes.len();
     if len < 16 + 17 || bytes[len - 17] != b'E' {
@@ -223,13 +237,16 @@ pub fn resealed(bytes: &[u8]) -> Option<Vec<u8>> {
     }
     let mut fixed = bytes.to_vec();
     fixed[len - 12..len - 4].copy_from_slice(&(len as u64).to_le_bytes());
-    let crc = crc32fast::hash(&fixed[..len - 4]);
+    let crc = migration::format::expected_crc(&mut Cursor::new(&fixed[..]))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| crc32fast::hash(&fixed[..len - 4]));
     fixed[len - 4..].copy_from_slice(&crc.to_le_bytes());
     (fixed != bytes).then_some(fixed)
 }
 
 /// A snapshot file written with `SnapshotWriter` from `records`: each is a
-/// kind byte (bit 0: memory, else state), a name length `n`, `n` name
+/// kind byte (its low two bits: 1 memory table, 2 pages, else state), a name length `n`, `n` name
 /// bytes, a body length (u16, little-endian) and the body, the last one
 /// cut where the input ends. Records the writer refuses (a bad or
 /// duplicate name) are left out. So the fuzzer can change a section's
@@ -245,11 +262,14 @@ pub fn assemble(mut records: &[u8]) -> Vec<u8> {
         };
         let (body, rest) = rest.split_at(usize::from(u16::from_le_bytes(*len)).min(rest.len()));
         records = rest;
-        let kind = if kind & 1 != 0 {
-            SectionKind::Memory
-        } else {
-            SectionKind::State
+        let kind = match kind & 3 {
+            1 => SectionKind::Memory,
+            2 => SectionKind::Pages,
+            _ => SectionKind::State,
         };
+        if kind == SectionKind::Pages && !body.len().is_multiple_of(4096) {
+            continue;
+        }
         match std::str::from_utf8(name) {
             Ok(name) => match w.write_section(name, kind, body) {
                 Ok(()) | Err(FormatError::BadName(_) | FormatError::DuplicateName(_)) => {}

@@ -7,23 +7,42 @@
 //! writes it into guest memory. Pages absent from the image are zero: restore into fresh
 //! (zero-filled) guest memory. This module never touches guest memory itself.
 //!
-//! # Body layout of a memory section
+//! # Layout, format version 3: a pages section, then a table section
 //!
-//! All integers are little-endian.
+//! All integers are little-endian. An image called `memory` is two sections:
+//!
+//! ```text
+//! memory.pages (kind pages, page-aligned in the file, outside the file's CRC):
+//!          the pages of run 0, then of run 1, ...: P × 4096 bytes each
+//! memory (kind memory):
+//! 4        page size (u32): 4096
+//! 4        number of runs N (u32)
+//! 4        CRC32 of the whole body of memory.pages (u32)
+//! 4        reserved (u32): 0
+//! N × 12   run table, in ascending guest-physical order, runs never overlapping:
+//!            8  guest physical address of the run's first page (u64, page-aligned)
+//!            4  number of pages P >= 1 (u32)
+//! ```
+//!
+//! The pages come first because their CRC is known only once they are written; the
+//! table is read first. Because the pages lie page-aligned in the file, a restore may map
+//! them into guest memory ([`plan_mapping`]) instead of reading them: the pages' CRC is
+//! then not checked, which is why the file's own CRC leaves them out. Every reader that
+//! copies them ([`read_memory`], [`verify_pages`]) checks it.
+//!
+//! # Layout, format version 2: one memory section
 //!
 //! ```text
 //! 4        page size (u32): 4096
 //! 4        number of runs N (u32)
-//! N × 12   run table, in ascending guest-physical order, runs never overlapping:
-//!            8  guest physical address of the run's first page (u64, page-aligned)
-//!            4  number of pages P >= 1 (u32)
+//! N × 12   run table, as above
 //! ...      the pages of run 0, then of run 1, ...: P × 4096 bytes each
 //! ```
 //!
-//! The table comes first so that the whole image is validated (addresses, overlaps,
-//! totals, and the body length, which must equal `8 + 12 N + 4096 Σ P` exactly) before the
-//! sink sees anything. The writer scans memory once for zero pages to build the table
-//! (small: one entry per run) and once more to copy the non-zero pages.
+//! In both, the whole table is validated (addresses, overlaps, totals, and the lengths:
+//! `4096 Σ P` of pages, exactly) before the sink sees anything. The writer scans memory
+//! once for zero pages to build the table (small: one entry per run) and once more to
+//! copy the non-zero pages.
 
 use std::io::{self, Read, Seek, Write};
 
@@ -33,7 +52,10 @@ use crate::format::{FormatError, SectionKind, SnapshotReader, SnapshotWriter};
 pub const PAGE_SIZE: u64 = 4096;
 const PAGE: usize = PAGE_SIZE as usize;
 const RUN_ENTRY: u64 = 12;
-const BODY_HEADER: u64 = 8;
+/// The table's header in version 2: page size, run count.
+const BODY_HEADER_V2: u64 = 8;
+/// The table's header in version 3: page size, run count, pages CRC, reserved.
+const BODY_HEADER_V3: u64 = 16;
 /// Pages handed to the sink at once, at most.
 const SINK_PAGES: usize = 256;
 
@@ -90,6 +112,16 @@ pub enum MemoryError {
         pages: u64,
         /// Pages in the restoring VM's memory.
         max: u64,
+    },
+    /// The pages do not match the CRC the table holds for them.
+    #[error(
+        "memory pages CRC mismatch: the file is damaged (stored {stored:#010x}, computed {computed:#010x})"
+    )]
+    PagesCrc {
+        /// The CRC in the table.
+        stored: u32,
+        /// The CRC of the pages as read.
+        computed: u32,
     },
     /// The caller's sink refused a chunk.
     #[error("writing the memory image to guest memory at {gpa:#x}: {source}")]
@@ -238,10 +270,14 @@ fn scan_source<S: PageSource + ?Sized>(src: &S, layout: &[(u64, u64)]) -> io::Re
     Ok(runs)
 }
 
-/// The body length of an image holding `runs`.
-fn body_len(runs: &[Run]) -> u64 {
-    let pages: u64 = runs.iter().map(|r| u64::from(r.pages)).sum();
-    BODY_HEADER + RUN_ENTRY * runs.len() as u64 + pages * PAGE_SIZE
+/// Total pages of `runs`.
+fn total_pages(runs: &[Run]) -> u64 {
+    runs.iter().map(|r| u64::from(r.pages)).sum()
+}
+
+/// The name of the pages section of image `name` (version 3).
+pub fn pages_section(name: &str) -> String {
+    format!("{name}.pages")
 }
 
 /// Writes guest memory as memory section `name`, skipping zero pages.
@@ -261,9 +297,9 @@ where
     write_memory_from(writer, name, regions.as_slice())
 }
 
-/// Writes the memory of `src` as memory section `name`, skipping zero pages. Its regions
-/// must be page-aligned and disjoint, in any order. The guest must be paused: the pages
-/// are read twice (scan, then copy).
+/// Writes the memory of `src` as image `name` (in version 3, sections `name.pages` and
+/// `name`), skipping zero pages. Its regions must be page-aligned and disjoint, in any
+/// order. The guest must be paused: the pages are read twice (scan, then copy).
 pub fn write_memory_from<W, S>(
     writer: &mut SnapshotWriter<W>,
     name: &str,
@@ -277,34 +313,72 @@ where
     let runs = scan_source(src, &layout)?;
     let run_count = u32::try_from(runs.len())
         .map_err(|_| MemoryError::Malformed(format!("{} runs do not fit a u32", runs.len())))?;
-    let len = body_len(&runs);
-    writer.write_section_with(name, SectionKind::Memory, len, |w| {
-        w.write_all(&(PAGE_SIZE as u32).to_le_bytes())?;
-        w.write_all(&run_count.to_le_bytes())?;
-        let mut table = Vec::with_capacity(runs.len() * RUN_ENTRY as usize);
-        for run in &runs {
-            table.extend_from_slice(&run.gpa.to_le_bytes());
-            table.extend_from_slice(&run.pages.to_le_bytes());
-        }
-        w.write_all(&table)?;
-        let mut buf = vec![0u8; (CHUNK_PAGES * PAGE_SIZE) as usize];
-        for run in &runs {
-            let (mut gpa, end) = (run.gpa, run.end());
-            while gpa < end {
-                let n = (end - gpa).min(CHUNK_PAGES * PAGE_SIZE);
-                let chunk = &mut buf[..n as usize];
-                src.read_at(gpa, chunk)?;
-                w.write_all(chunk)?;
-                gpa += n;
-            }
-        }
-        Ok(())
-    })?;
+    let mut table = Vec::with_capacity(16 + runs.len() * RUN_ENTRY as usize);
+    table.extend_from_slice(&(PAGE_SIZE as u32).to_le_bytes());
+    table.extend_from_slice(&run_count.to_le_bytes());
+    let pages_len = total_pages(&runs) * PAGE_SIZE;
+    let body_len = if writer.version() >= 3 {
+        let pages_crc = write_pages_section(writer, name, src, &runs, pages_len)?;
+        table.extend_from_slice(&pages_crc.to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        push_runs(&mut table, &runs);
+        writer.write_section(name, SectionKind::Memory, &table)?;
+        table.len() as u64
+    } else {
+        push_runs(&mut table, &runs);
+        let len = table.len() as u64 + pages_len;
+        writer.write_section_with(name, SectionKind::Memory, len, |w| {
+            w.write_all(&table)?;
+            copy_runs(src, &runs, w).map(|_| ())
+        })?;
+        len
+    };
     Ok(ImageStats {
         runs: runs.len() as u64,
-        pages: runs.iter().map(|r| u64::from(r.pages)).sum(),
-        body_len: len,
+        pages: total_pages(&runs),
+        body_len,
     })
+}
+
+fn push_runs(table: &mut Vec<u8>, runs: &[Run]) {
+    for run in runs {
+        table.extend_from_slice(&run.gpa.to_le_bytes());
+        table.extend_from_slice(&run.pages.to_le_bytes());
+    }
+}
+
+/// Writes the pages of `runs` as the pages section of image `name`; returns their CRC.
+fn write_pages_section<W: Write, S: PageSource + ?Sized>(
+    writer: &mut SnapshotWriter<W>,
+    name: &str,
+    src: &S,
+    runs: &[Run],
+    len: u64,
+) -> Result<u32> {
+    let mut crc = 0;
+    writer.write_section_with(&pages_section(name), SectionKind::Pages, len, |w| {
+        crc = copy_runs(src, runs, w)?;
+        Ok(())
+    })?;
+    Ok(crc)
+}
+
+/// Copies the pages of `runs` from `src` to `w`; returns their CRC.
+fn copy_runs<S: PageSource + ?Sized>(src: &S, runs: &[Run], w: &mut dyn Write) -> io::Result<u32> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; (CHUNK_PAGES * PAGE_SIZE) as usize];
+    for run in runs {
+        let (mut gpa, end) = (run.gpa, run.end());
+        while gpa < end {
+            let n = (end - gpa).min(CHUNK_PAGES * PAGE_SIZE);
+            let chunk = &mut buf[..n as usize];
+            src.read_at(gpa, chunk)?;
+            w.write_all(chunk)?;
+            hasher.update(chunk);
+            gpa += n;
+        }
+    }
+    Ok(hasher.finalize())
 }
 
 fn describe(layout: &[(u64, u64)]) -> String {
@@ -319,30 +393,122 @@ fn describe(layout: &[(u64, u64)]) -> String {
     }
 }
 
-/// Reads and checks the run table of memory section `name` against `layout`, the
-/// restoring VM's `(guest physical address, length)` regions. Reads no page data.
+/// A validated image: its runs and where its pages are.
+struct Image {
+    runs: Vec<Run>,
+    /// Version 3: the pages section (body offset in the file) and the CRC the table
+    /// holds for it. Version 2: `None`, the pages follow the table in its body.
+    pages: Option<(u64, u32)>,
+    body_len: u64,
+}
+
+/// Where the pages of a version 3 image lie in the file, to be mapped rather than read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// The runs, validated against the layout, in ascending order.
+    pub runs: Vec<Run>,
+    /// File offset of the first run's first page (page-aligned); each run's pages follow
+    /// the previous run's.
+    pub offset: u64,
+}
+
+/// Reads and checks the run table of image `name` against `layout`, the restoring VM's
+/// `(guest physical address, length)` regions. Reads no page data.
+fn open_image<R: Read + Seek>(
+    reader: &mut SnapshotReader<R>,
+    name: &str,
+    layout: &[(u64, u64)],
+) -> Result<Image> {
+    let v3 = reader.version() >= 3;
+    reader.expect_section(name, SectionKind::Memory)?;
+    let pages = if v3 {
+        let p = reader.expect_section(&pages_section(name), SectionKind::Pages)?;
+        Some((p.offset, p.len))
+    } else {
+        None
+    };
+    let (len, mut body) = reader.section_reader(name, SectionKind::Memory)?;
+    let header = if v3 { BODY_HEADER_V3 } else { BODY_HEADER_V2 };
+    let (runs, crc) = read_table(&mut body, len, layout, header)?;
+    let stored = total_pages(&runs) * PAGE_SIZE;
+    let (expected, found) = match pages {
+        Some((_, pages_len)) => (stored, pages_len),
+        None => (header + RUN_ENTRY * runs.len() as u64 + stored, len),
+    };
+    if expected != found {
+        return Err(MemoryError::Malformed(format!(
+            "run table accounts for {expected} bytes of pages, the file has {found}"
+        )));
+    }
+    Ok(Image {
+        pages: pages.map(|(offset, _)| (offset, crc)),
+        runs,
+        body_len: len,
+    })
+}
+
+/// Reads and checks the run table of image `name` against `layout`, the restoring VM's
+/// `(guest physical address, length)` regions. Reads no page data.
 pub fn validate_memory<R: Read + Seek>(
     reader: &mut SnapshotReader<R>,
     name: &str,
     layout: &[(u64, u64)],
 ) -> Result<Vec<Run>> {
-    let (len, mut body) = reader.section_reader(name, SectionKind::Memory)?;
-    read_table(&mut body, len, layout)
+    open_image(reader, name, layout).map(|i| i.runs)
 }
 
-fn read_table<R: Read>(body: &mut R, len: u64, layout: &[(u64, u64)]) -> Result<Vec<Run>> {
+/// Where the pages of image `name` lie in the file, validated against `layout`: `None`
+/// for a version 2 file, whose pages are not page-aligned (copy them instead). Reads no
+/// page data, so their CRC is not checked (see [`verify_pages`]).
+pub fn plan_mapping<R: Read + Seek>(
+    reader: &mut SnapshotReader<R>,
+    name: &str,
+    layout: &[(u64, u64)],
+) -> Result<Option<Mapping>> {
+    let image = open_image(reader, name, layout)?;
+    Ok(image.pages.map(|(offset, _)| Mapping {
+        runs: image.runs,
+        offset,
+    }))
+}
+
+/// Reads every page of image `name` and checks their CRC (version 3; a version 2 file's
+/// pages were checked with the whole file when it was opened).
+pub fn verify_pages<R: Read + Seek>(
+    reader: &mut SnapshotReader<R>,
+    name: &str,
+    layout: &[(u64, u64)],
+) -> Result<()> {
+    read_memory(reader, name, layout, |_, _: &[u8]| {
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .map(|_| ())
+}
+
+fn read_table<R: Read>(
+    body: &mut R,
+    len: u64,
+    layout: &[(u64, u64)],
+    header: u64,
+) -> Result<(Vec<Run>, u32)> {
     let layout = sorted_regions(layout.to_vec(), |len| len)?;
     let max_pages: u64 = layout.iter().map(|(_, len)| len / PAGE_SIZE).sum();
-    if len < BODY_HEADER {
+    if len < header {
         return Err(MemoryError::Malformed(format!(
             "body of {len} bytes is shorter than its header"
         )));
     }
-    let mut head = [0u8; BODY_HEADER as usize];
-    body.read_exact(&mut head)?;
-    let (page_size, count) = head.split_at(4);
-    let page_size = u32::from_le_bytes([page_size[0], page_size[1], page_size[2], page_size[3]]);
-    let count = u32::from_le_bytes([count[0], count[1], count[2], count[3]]);
+    let mut head = [0u8; BODY_HEADER_V3 as usize];
+    let head = &mut head[..header as usize];
+    body.read_exact(head)?;
+    let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    let (page_size, count) = (word(0), word(4));
+    let crc = if header == BODY_HEADER_V3 { word(8) } else { 0 };
+    if header == BODY_HEADER_V3 && word(12) != 0 {
+        return Err(MemoryError::Malformed(
+            "reserved table field is not zero".to_string(),
+        ));
+    }
     if u64::from(page_size) != PAGE_SIZE {
         return Err(MemoryError::Malformed(format!(
             "page size {page_size}, expected {PAGE_SIZE}"
@@ -351,7 +517,7 @@ fn read_table<R: Read>(body: &mut R, len: u64, layout: &[(u64, u64)]) -> Result<
     // Each run holds at least one page, so a count over these bounds is refused before
     // anything is allocated for it.
     let count = u64::from(count);
-    if count * RUN_ENTRY > len - BODY_HEADER {
+    if count * RUN_ENTRY > len - header {
         return Err(MemoryError::Malformed(format!(
             "{count} runs do not fit a body of {len} bytes"
         )));
@@ -362,6 +528,17 @@ fn read_table<R: Read>(body: &mut R, len: u64, layout: &[(u64, u64)]) -> Result<
             max: max_pages,
         });
     }
+    let runs = read_runs(body, count, &layout, max_pages)?;
+    Ok((runs, crc))
+}
+
+/// The `count` entries of a run table, each checked against `layout` and the one before.
+fn read_runs<R: Read>(
+    body: &mut R,
+    count: u64,
+    layout: &[(u64, u64)],
+    max_pages: u64,
+) -> Result<Vec<Run>> {
     let mut runs = Vec::with_capacity(count.min(4096) as usize);
     let mut total: u64 = 0;
     let mut prev_end = 0u64;
@@ -386,7 +563,7 @@ fn read_table<R: Read>(body: &mut R, len: u64, layout: &[(u64, u64)]) -> Result<
             return Err(MemoryError::OutsideLayout {
                 gpa,
                 pages,
-                layout: describe(&layout),
+                layout: describe(layout),
             });
         }
         if !runs.is_empty() && gpa < prev_end {
@@ -402,18 +579,14 @@ fn read_table<R: Read>(body: &mut R, len: u64, layout: &[(u64, u64)]) -> Result<
         prev_end = run.end();
         runs.push(run);
     }
-    let expected = BODY_HEADER + RUN_ENTRY * count + total * PAGE_SIZE;
-    if expected != len {
-        return Err(MemoryError::Malformed(format!(
-            "run table accounts for {expected} bytes, the section has {len}"
-        )));
-    }
     Ok(runs)
 }
 
-/// Restores memory section `name`: validates it all against `layout` (see
-/// [`validate_memory`]), then hands every stored run to `sink` as `(gpa, bytes)` chunks of
-/// at most 1 MiB, in ascending order. Pages not handed out are zero in the snapshot.
+/// Restores image `name`: validates it all against `layout` (see [`validate_memory`]),
+/// then hands every stored run to `sink` as `(gpa, bytes)` chunks of at most 1 MiB, in
+/// ascending order. Pages not handed out are zero in the snapshot. In version 3 the
+/// pages' CRC is checked as they go; a mismatch is an error after the last chunk (so a
+/// caller that must not write damaged pages calls [`verify_pages`] first).
 pub fn read_memory<R, F, E>(
     reader: &mut SnapshotReader<R>,
     name: &str,
@@ -425,17 +598,30 @@ where
     F: FnMut(u64, &[u8]) -> std::result::Result<(), E>,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let (len, mut body) = reader.section_reader(name, SectionKind::Memory)?;
-    let runs = read_table(&mut body, len, layout)?;
+    let image = open_image(reader, name, layout)?;
+    let mut body: Box<dyn Read + '_> = match image.pages {
+        // The table was just read: a version 2 body goes on with the pages.
+        None => Box::new(reader.section_reader(name, SectionKind::Memory)?.1),
+        Some(_) => Box::new(
+            reader
+                .section_reader(&pages_section(name), SectionKind::Pages)?
+                .1,
+        ),
+    };
+    if image.pages.is_none() {
+        let table = BODY_HEADER_V2 + RUN_ENTRY * image.runs.len() as u64;
+        io::copy(&mut (&mut body).take(table), &mut io::sink())?;
+    }
+    let mut hasher = crc32fast::Hasher::new();
     let mut buf = vec![0u8; SINK_PAGES * PAGE];
-    let mut pages = 0u64;
-    for run in &runs {
+    for run in &image.runs {
         let mut gpa = run.gpa;
         let mut left = u64::from(run.pages);
         while left > 0 {
             let n = left.min(SINK_PAGES as u64) as usize;
             let chunk = &mut buf[..n * PAGE];
             body.read_exact(chunk)?;
+            hasher.update(chunk);
             sink(gpa, chunk).map_err(|e| MemoryError::Sink {
                 gpa,
                 source: e.into(),
@@ -443,11 +629,16 @@ where
             gpa += n as u64 * PAGE_SIZE;
             left -= n as u64;
         }
-        pages += u64::from(run.pages);
+    }
+    if let Some((_, stored)) = image.pages {
+        let computed = hasher.finalize();
+        if computed != stored {
+            return Err(MemoryError::PagesCrc { stored, computed });
+        }
     }
     Ok(ImageStats {
-        runs: runs.len() as u64,
-        pages,
-        body_len: len,
+        runs: image.runs.len() as u64,
+        pages: total_pages(&image.runs),
+        body_len: image.body_len,
     })
 }

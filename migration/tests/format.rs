@@ -76,9 +76,20 @@ fn snapshot_streams_to_and_from_a_real_file() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// [`small`] as format version 2 wrote it.
+fn small_v2() -> Vec<u8> {
+    let mut w = SnapshotWriter::with_version(Vec::new(), 2).unwrap();
+    w.write_state("manifest", &thing()).unwrap();
+    w.write_state("vcpu.0", &vec![7u32; 5]).unwrap();
+    w.write_section("memory", SectionKind::Memory, &[0xaa; 40])
+        .unwrap();
+    w.finish().unwrap()
+}
+
+/// Version 2 checks the CRC first: every flip past the version is damage.
 #[test]
 fn every_damaged_byte_is_refused_with_the_right_error() {
-    let file = small();
+    let file = small_v2();
     for at in 0..file.len() {
         let mut bad = file.clone();
         bad[at] ^= 0x5a;
@@ -92,6 +103,33 @@ fn every_damaged_byte_is_refused_with_the_right_error() {
                 matches!(err, FormatError::Crc { .. }),
                 "flip at {at} gave {err}"
             ),
+        }
+    }
+}
+
+/// Version 3 walks the structure first (its CRC skips the pages bodies the
+/// walk finds): every flip is refused, a flip inside a section's body is
+/// damage, and one in the structure may read as malformed or truncated.
+#[test]
+fn every_damaged_byte_of_a_version_3_file_is_refused() {
+    let file = small();
+    let bodies: Vec<(usize, usize)> = open(&file)
+        .unwrap()
+        .sections()
+        .iter()
+        .map(|s| (s.offset as usize, (s.offset + s.len) as usize))
+        .collect();
+    for at in 0..file.len() {
+        let mut bad = file.clone();
+        bad[at] ^= 0x5a;
+        let err = open(&bad)
+            .err()
+            .unwrap_or_else(|| panic!("flip at {at} accepted"));
+        if bodies.iter().any(|&(from, to)| (from..to).contains(&at)) {
+            assert!(
+                matches!(err, FormatError::Crc { .. }),
+                "flip at {at} gave {err}"
+            );
         }
     }
 }
@@ -158,15 +196,73 @@ fn foreign_files_are_refused() {
 
 #[test]
 fn other_format_versions_are_refused() {
-    assert_eq!(FORMAT_VERSION, 2);
-    for version in [0, 1, 3, u32::MAX] {
+    assert_eq!(FORMAT_VERSION, 3);
+    for version in [0, 1, 4, u32::MAX] {
         let file = forge(version, &[]);
         let err = open(&file).err().unwrap();
         assert_eq!(
             err.to_string(),
-            format!("snapshot format version {version}, this tandem reads 2")
+            format!("snapshot format version {version}, this tandem reads 2 and 3")
         );
     }
+    // Version 2 files still open, and the writer still makes them on request.
+    open(&forge(2, &[])).unwrap();
+    let mut w = SnapshotWriter::with_version(Vec::new(), 2).unwrap();
+    w.write_state("manifest", &1).unwrap();
+    assert_eq!(open(&w.finish().unwrap()).unwrap().version(), 2);
+    assert!(SnapshotWriter::with_version(Vec::new(), 1).is_err());
+}
+
+#[test]
+fn pages_sections_are_page_aligned_and_outside_the_crc() {
+    let pages = vec![0x5au8; 2 * 4096];
+    let mut w = SnapshotWriter::new(Vec::new()).unwrap();
+    w.write_state("manifest", &"m").unwrap();
+    w.write_section("p", SectionKind::Pages, &pages).unwrap();
+    w.write_state("after", &2).unwrap();
+    let mut file = w.finish().unwrap();
+    let r = open(&file).unwrap();
+    let s = r.section("p").unwrap().clone();
+    let after = r.section("after").unwrap().offset as usize;
+    drop(r);
+    assert_eq!((s.offset % 4096, s.len), (0, 8192));
+    assert_eq!(&file[s.offset as usize..][..8192], &pages[..]);
+    // A damaged page leaves the file's CRC whole (its owner checks it) ...
+    file[s.offset as usize + 100] ^= 1;
+    open(&file).unwrap();
+    // ... a damaged byte anywhere else does not.
+    file[after] ^= 1;
+    assert!(matches!(
+        open(&file).err().unwrap(),
+        FormatError::Crc { .. }
+    ));
+    // The writer refuses a pages section of a version 2 file, or of a length that is
+    // not a page multiple.
+    let mut w = SnapshotWriter::with_version(Vec::new(), 2).unwrap();
+    assert!(w.write_section("p", SectionKind::Pages, &pages).is_err());
+    let mut w = SnapshotWriter::new(Vec::new()).unwrap();
+    assert!(w
+        .write_section("p", SectionKind::Pages, &pages[..100])
+        .is_err());
+}
+
+#[test]
+fn forged_pages_sections_are_refused() {
+    let raw = |len, body| Raw {
+        kind: 3,
+        name: "p",
+        len,
+        body,
+    };
+    // Not in a version 2 file.
+    let err = open(&forge(2, &[raw(0, b"")])).err().unwrap();
+    assert!(matches!(err, FormatError::Malformed { .. }), "{err}");
+    // Not of a length that is not a page multiple.
+    let err = open(&forge(3, &[raw(100, &[0; 100])])).err().unwrap();
+    assert!(matches!(err, FormatError::Malformed { .. }), "{err}");
+    // Not past the end of the file.
+    let err = open(&forge(3, &[raw(1 << 40, b"")])).err().unwrap();
+    assert!(matches!(err, FormatError::Malformed { .. }), "{err}");
 }
 
 #[test]

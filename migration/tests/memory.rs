@@ -5,7 +5,9 @@ mod common;
 
 use common::{forge, open, Raw};
 use migration::format::{SnapshotWriter, FORMAT_VERSION};
-use migration::memory::{is_zero, scan_runs, ImageStats, Run, PAGE_SIZE};
+use migration::memory::{
+    is_zero, plan_mapping, scan_runs, verify_pages, ImageStats, Run, PAGE_SIZE,
+};
 use migration::{read_memory, validate_memory, write_memory, MemoryError};
 use proptest::prelude::*;
 
@@ -53,9 +55,10 @@ fn forged(runs: &[(u64, u32)], data_pages: usize) -> Vec<u8> {
     forged_raw(&body(4096, runs, data_pages))
 }
 
+/// A version 2 file whose memory section holds `b` (table and pages in one body).
 fn forged_raw(b: &[u8]) -> Vec<u8> {
     forge(
-        FORMAT_VERSION,
+        2,
         &[Raw {
             kind: 2,
             name: "memory",
@@ -366,4 +369,84 @@ proptest! {
         let restored = restore(&file, &layout).unwrap();
         prop_assert_eq!(restored, images);
     }
+}
+
+/// A version 3 image: its pages lie page-aligned in the file, in run order, where
+/// [`plan_mapping`] says; a damaged page passes the file's CRC but not the pages' own.
+#[test]
+fn version_3_pages_are_mappable_and_checked_by_their_own_crc() {
+    let mut mem = vec![0u8; (4 * MIB) as usize];
+    mem[PAGE..3 * PAGE].fill(7);
+    mem[10 * PAGE] = 9;
+    let (mut file, stats) = save(&[(0, &mem)]);
+    assert_eq!((stats.runs, stats.pages), (2, 3));
+    let layout = [(0, 4 * MIB)];
+    let mut r = open(&file).unwrap();
+    assert_eq!(r.version(), FORMAT_VERSION);
+    let plan = plan_mapping(&mut r, "memory", &layout).unwrap().unwrap();
+    assert_eq!(plan.offset % PAGE_SIZE, 0);
+    let at = plan.offset as usize;
+    assert_eq!(&file[at..at + 2 * PAGE], &mem[PAGE..3 * PAGE]);
+    assert_eq!(
+        &file[at + 2 * PAGE..at + 3 * PAGE],
+        &mem[10 * PAGE..11 * PAGE]
+    );
+    verify_pages(&mut r, "memory", &layout).unwrap();
+    assert!(restore(&file, &layout).unwrap()[0] == mem);
+    file[at + 2 * PAGE + 1] ^= 0xff;
+    let mut r = open(&file).unwrap();
+    let err = verify_pages(&mut r, "memory", &layout).err().unwrap();
+    assert!(matches!(err, MemoryError::PagesCrc { .. }), "{err}");
+    assert!(err.to_string().contains("the file is damaged"), "{err}");
+    let err = restore(&file, &layout).err().unwrap();
+    assert!(matches!(err, MemoryError::PagesCrc { .. }), "{err}");
+}
+
+/// A version 2 image (as tandem wrote before version 3) still restores, and is not
+/// mappable.
+#[test]
+fn version_2_images_still_restore_and_are_copied() {
+    let mut mem = vec![0u8; (2 * MIB) as usize];
+    mem[5 * PAGE..7 * PAGE].fill(3);
+    let mut w = SnapshotWriter::with_version(Vec::new(), 2).unwrap();
+    w.write_state("manifest", &"m").unwrap();
+    write_memory(&mut w, "memory", [(0, &mem[..])]).unwrap();
+    let file = w.finish().unwrap();
+    let layout = [(0, 2 * MIB)];
+    let mut r = open(&file).unwrap();
+    assert_eq!(r.version(), 2);
+    assert!(r.section("memory.pages").is_none());
+    assert_eq!(plan_mapping(&mut r, "memory", &layout).unwrap(), None);
+    verify_pages(&mut r, "memory", &layout).unwrap();
+    assert!(restore(&file, &layout).unwrap()[0] == mem);
+}
+
+/// A version 3 table whose runs do not account for its pages section is refused.
+#[test]
+fn a_version_3_table_that_miscounts_its_pages_is_refused() {
+    let mut w = SnapshotWriter::new(Vec::new()).unwrap();
+    w.write_section(
+        "memory.pages",
+        migration::format::SectionKind::Pages,
+        &[1; 2 * PAGE],
+    )
+    .unwrap();
+    let mut table = Vec::new();
+    table.extend_from_slice(&4096u32.to_le_bytes());
+    table.extend_from_slice(&1u32.to_le_bytes());
+    table.extend_from_slice(&0u32.to_le_bytes());
+    table.extend_from_slice(&0u32.to_le_bytes());
+    table.extend_from_slice(&0u64.to_le_bytes());
+    table.extend_from_slice(&1u32.to_le_bytes());
+    w.write_section("memory", migration::format::SectionKind::Memory, &table)
+        .unwrap();
+    let file = w.finish().unwrap();
+    let err = restore(&file, &[(0, MIB)]).err().unwrap();
+    assert!(matches!(err, MemoryError::Malformed(_)), "{err}");
+    // And a missing pages section is named.
+    let mut w = SnapshotWriter::new(Vec::new()).unwrap();
+    w.write_section("memory", migration::format::SectionKind::Memory, &table)
+        .unwrap();
+    let err = restore(&w.finish().unwrap(), &[(0, MIB)]).err().unwrap();
+    assert!(err.to_string().contains("memory.pages"), "{err}");
 }

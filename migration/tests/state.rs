@@ -596,7 +596,8 @@ fn a_whole_snapshot_saves_and_restores() {
         .unwrap();
     migration::write_memory(&mut w, section::MEMORY, [(0, guest.as_slice())]).unwrap();
     let file = w.finish().unwrap();
-    assert!(file.len() < 32 << 10, "{} bytes", file.len());
+    // Two pages of data, the states, and up to a page of padding before the pages.
+    assert!(file.len() < 36 << 10, "{} bytes", file.len());
 
     let mut r = common::open(&file).unwrap();
     let saved: Manifest = r.read_state(section::MANIFEST).unwrap();

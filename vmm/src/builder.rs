@@ -28,10 +28,10 @@ use crate::host_emu::HostKind;
 use crate::kvm_util::kvm_op;
 use crate::pause::{self, ThreadKick};
 use crate::profile::Profiler;
-use crate::snapshot::Restore;
+use crate::snapshot::{PageCheck, Restore};
 use crate::vm::{Core, CoreParts, VmHandle};
 use crate::vm_loop::{Vm, VmError};
-use crate::vstate::exit::ExitSignal;
+use crate::vstate::exit::{ExitSignal, VmExit};
 use crate::vstate::exit_counts::ExitCounts;
 use crate::vstate::memory::GuestRam;
 use crate::vstate::vcpu::Vcpu;
@@ -338,12 +338,47 @@ fn spawn_vcpus(
 
 /// Puts a verified snapshot into the new, paused VM: every device state is
 /// checked before memory is filled (a refused file starts nothing), then
-/// the state is applied as to any paused VM.
+/// the state is applied as to any paused VM. Pages mapped from the file
+/// have their CRC checked by a thread of their own while the guest runs; a
+/// damaged file stops the VM.
 fn restore(vm: &VmHandle, mut r: Restore) -> Result<(), VmError> {
     vm.check_state(&r.state).map_err(VmError::Restore)?;
-    let stats = r.fill_memory(vm.memory())?;
-    log::info!("restore: {} pages of guest memory", stats.pages);
-    vm.apply_state(&r.state).map_err(VmError::Restore)
+    let t = std::time::Instant::now();
+    let (stats, placed) = r.place_memory(vm.memory())?;
+    let how = match placed {
+        crate::snapshot::Placed::Mapped => "mapped from the file",
+        crate::snapshot::Placed::Copied => "copied",
+    };
+    log::info!(
+        "restore: {} pages of guest memory in {} runs, {how} in {:.1} ms",
+        stats.pages,
+        stats.runs,
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+    vm.apply_state(&r.state).map_err(VmError::Restore)?;
+    if placed == crate::snapshot::Placed::Mapped {
+        spawn_page_check(r.page_check(), vm.exit().clone())?;
+    }
+    Ok(())
+}
+
+/// Checks the mapped pages' CRC on a thread of its own; a mismatch ends
+/// the VM (the guest has run on memory that is not the snapshot's).
+fn spawn_page_check(check: PageCheck, exit: Arc<ExitSignal>) -> Result<(), VmError> {
+    std::thread::Builder::new()
+        .name("snapshot-check".into())
+        .spawn(move || {
+            crate::sandbox::confine(crate::sandbox::Kind::Helper);
+            let path = check.path().to_string();
+            match check.run() {
+                Ok(ms) => log::info!("restore: the pages of {path} match their CRC ({ms:.0} ms)"),
+                Err(e) => exit.signal(VmExit::Fatal(format!(
+                    "{e}: the guest ran on memory that is not the snapshot's \
+                     (--restore-memory copy checks before the guest runs)"
+                ))),
+            }
+        })?;
+    Ok(())
 }
 
 #[cfg(test)]

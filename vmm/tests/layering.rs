@@ -22,7 +22,7 @@ const CORE: &[&str] = &[
     "device_manager",
     "device_manager.rs",
     "device_thread",
-    "snapshot.rs",
+    "snapshot",
     "vm.rs",
     "config.rs",
     "boot",

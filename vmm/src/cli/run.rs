@@ -149,7 +149,8 @@ fn restore(path: &Path, args: RunArgs) -> Result<VmExit, RunError> {
         nets: &options.nets,
         firmware: firmware.as_ref(),
     };
-    let snap = crate::snapshot::load(path, asked, &mut options.disks)?;
+    let mut snap = crate::snapshot::load(path, asked, &mut options.disks)?;
+    snap.memory = args.restore_memory.unwrap_or_default();
     let manifest = &snap.state.manifest;
     let shape = Shape {
         mem_bytes: manifest.mem_bytes,

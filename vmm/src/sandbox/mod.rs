@@ -55,7 +55,8 @@ pub enum Kind {
     /// Migration and COLO streams: the migration and incoming threads,
     /// COLO's checkpoint, proxy and page threads, the TLS pump.
     Stream,
-    /// Small helpers: the vCPU kicker, the guest profiler's sampler.
+    /// Small helpers: the vCPU kicker, the guest profiler's sampler, the
+    /// check of a mapped restore's pages.
     Helper,
 }
 

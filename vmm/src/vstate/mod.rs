@@ -1,6 +1,6 @@
 //! The VM's state at the KVM level: the vCPUs (one thread each, [`vcpu`],
 //! driven as a group by [`vcpus`]), guest RAM and its dirty log
-//! ([`memory`]), a vCPU's and the VM-wide state as data ([`vcpu_state`],
+//! ([`memory`]), a snapshot's pages mapped over it ([`file_map`]), a vCPU's and the VM-wide state as data ([`vcpu_state`],
 //! [`vm_state`]), how the VM ends ([`exit`]) and the exits counted
 //! ([`exit_counts`]).
 //!
@@ -10,6 +10,7 @@
 
 pub mod exit;
 pub mod exit_counts;
+pub mod file_map;
 pub mod memory;
 pub mod vcpu;
 pub mod vcpu_state;

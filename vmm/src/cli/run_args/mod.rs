@@ -208,6 +208,16 @@ pub struct RunArgs {
     /// what differs.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["kernel", "initrd", "cmdline", "print_cmdline"])]
     pub restore: Option<PathBuf>,
+    /// With --restore, how the snapshot's pages go into guest memory: map
+    /// (default) maps them from the file, private, so the guest starts
+    /// without reading them and each page is read when first touched (a
+    /// write copies it; the file is never written; do not rewrite the
+    /// file in place while the VM runs); copy reads every page and checks
+    /// its CRC before the guest starts. A file of format version 2 (tandem
+    /// before issue 36) is always copied.
+    #[arg(long, value_name = "map|copy")]
+    #[serde(default)]
+    pub restore_memory: Option<crate::snapshot::MemoryMode>,
     /// Wait for a live migration on ADDR (`tcp:HOST:PORT` or `unix:PATH`;
     /// the source runs `tandem ctl migrate ADDR`) instead of booting, and
     /// then run the guest it sends with its console here. Without --mem it
@@ -460,6 +470,7 @@ impl RunArgs {
             cpus: self.cpus.or(file.cpus),
             machine: self.machine.or(file.machine),
             restore: self.restore.or(file.restore),
+            restore_memory: self.restore_memory.or(file.restore_memory),
             incoming: self.incoming.or(file.incoming),
             colo: self.colo.or(file.colo),
             colo_listen: self.colo_listen.or(file.colo_listen),

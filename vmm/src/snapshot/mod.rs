@@ -13,13 +13,15 @@
 //! written to `F.tmp`, fsynced and renamed to `F`, so `F` is never a
 //! half-written file.
 //!
-//! Restore: [`load`] verifies the whole file (CRC, structure), checks the
+//! Restore: [`load`] verifies the file (structure, and the CRC of all but
+//! the guest pages, which have their own: see [`memory`]), checks the
 //! manifest against what is asked for (memory, vCPUs, and the devices:
 //! kind, order, MAC, rsc, read-only flag, disk size and id; the tap and
 //! the disk path may change), converts every state section and validates
 //! the memory image against the VM's layout, all before a VM exists;
 //! `builder.rs` then builds the VM paused, fills its memory from the
-//! [`Restore`] it returns and applies the state before any vCPU runs.
+//! [`Restore`] it returns (mapped or copied, [`memory`]) and applies the
+//! state before any vCPU runs.
 //!
 //! Not in the file: the contents of disks (the restore must be given the
 //! image as it was at the snapshot, as with any VMM), and frames the VMM
@@ -51,6 +53,10 @@ use crate::config::{self, DiskSpec, Machine, NetSpec};
 use crate::device_manager::{self, manifest, FW_CFG_ID, PCI_ID, RTC_ID, SERIAL_ID};
 use crate::vstate::memory::GuestPages;
 use crate::vstate::vm_state::VmState;
+
+mod memory;
+
+pub use memory::{MemoryMode, PageCheck, Placed};
 
 /// The UART's receive FIFO (vm-superio refuses a longer saved buffer).
 const UART_FIFO: usize = 64;
@@ -210,7 +216,7 @@ pub fn state_image(state: &VmState) -> Result<Vec<u8>, SaveError> {
     Ok(w.finish()?)
 }
 
-fn ms_since(t: Instant) -> f64 {
+pub(super) fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 
@@ -219,6 +225,9 @@ fn ms_since(t: Instant) -> f64 {
 pub struct Restore<R: Read + Seek = File> {
     /// Everything but memory.
     pub state: VmState,
+    /// How the pages go into memory; [`MemoryMode::Copy`] unless the
+    /// caller asks for a map (only a file can be mapped).
+    pub memory: MemoryMode,
     reader: SnapshotReader<R>,
     path: String,
 }
@@ -358,6 +367,7 @@ impl<R: Read + Seek> Loader<R> {
                 fw_cfg,
                 devices,
             },
+            memory: MemoryMode::Copy,
             reader,
             path: shown,
         })
@@ -561,9 +571,27 @@ fn check_queues(t: &MmioTransportState, count: usize) -> Result<(), String> {
 }
 
 impl<R: Read + Seek> Restore<R> {
-    /// Copies the stored pages into guest memory that is not fresh: every
-    /// page is zeroed first (the image leaves zero pages out).
+    pub(super) fn memory_error(&self, err: MemoryError) -> SnapshotError {
+        SnapshotError::Memory {
+            path: self.path.clone(),
+            err,
+        }
+    }
+
+    pub(super) fn invalid(&self, msg: String) -> SnapshotError {
+        SnapshotError::Invalid {
+            path: self.path.clone(),
+            msg,
+        }
+    }
+
+    /// Copies the stored pages into guest memory that is not fresh: the
+    /// pages' CRC is checked first (so a damaged file leaves memory as it
+    /// was), then every page is zeroed (the image leaves zero pages out).
     pub fn fill_memory_over(&mut self, mem: &GuestMemoryMmap) -> Result<ImageStats, SnapshotError> {
+        let layout = layout::ram_ranges(self.state.manifest.mem_bytes);
+        migration::memory::verify_pages(&mut self.reader, section::MEMORY, &layout)
+            .map_err(|err| self.memory_error(err))?;
         let zeros = vec![0u8; 1 << 20];
         for (gpa, len) in layout::ram_ranges(self.state.manifest.mem_bytes) {
             let mut at = 0;
@@ -583,7 +611,8 @@ impl<R: Read + Seek> Restore<R> {
         self.fill_memory(mem)
     }
 
-    /// Copies the stored pages into fresh (zeroed) guest memory.
+    /// Copies the stored pages into fresh (zeroed) guest memory (their CRC
+    /// checked as they go).
     pub fn fill_memory(&mut self, mem: &GuestMemoryMmap) -> Result<ImageStats, SnapshotError> {
         self.read_memory(|gpa, bytes| mem.write_slice(bytes, GuestAddress(gpa)))
     }

@@ -9,34 +9,45 @@
 //! is used for an allocation before it has been checked against the file's real size and
 //! the caps below.
 //!
-//! # Byte layout, format version 2
+//! # Byte layout, format version 3
 //!
 //! All integers are little-endian.
 //!
 //! ```text
 //! offset  size  field
 //! 0       8     magic: the ASCII bytes "TANDEMSN"
-//! 8       4     format version (u32): 2
+//! 8       4     format version (u32): 3
 //! 12      4     reserved (u32): 0
 //! 16            sections, one after another, each:
 //!                 1  tag: 0x53 ('S')
 //!                 1  kind: 1 = state (a JSON document, at most 16 MiB),
-//!                          2 = memory image (see crate::memory)
+//!                          2 = memory image table (see crate::memory),
+//!                          3 = pages (raw guest pages, see below)
 //!                 1  name length n, 1..=64
 //!                 n  name: ASCII letters, digits, '.', '_', '-'; unique in the file
-//!                 8  body length L (u64)
+//!                 8  body length L (u64); a multiple of 4096 for pages
+//!                 p  pages only: zero bytes up to the next multiple of 4096 in the file
 //!                 L  body
 //!               then the trailer, which ends the file:
 //!                 1  tag: 0x45 ('E')
 //!                 4  number of sections (u32)
 //!                 8  total length of the file in bytes, trailer and CRC included (u64)
-//!                 4  CRC32 (IEEE 802.3, as computed by crc32fast) of every byte before it
+//!                 4  CRC32 (IEEE 802.3, as computed by crc32fast) of every byte before
+//!                    it except the bodies of pages sections
 //! ```
+//!
+//! A pages section's body starts on a 4 KiB boundary of the file, so that a restore can
+//! map it straight into guest memory (`MAP_PRIVATE`) without reading it. For the same
+//! reason the file's CRC leaves those bodies out: checking it must not read them. Their
+//! own CRC is kept by whoever owns them (the memory image's table holds it, see
+//! [`crate::memory`]), and is checked by every reader that copies the pages.
 //!
 //! Version history: 1, the first; 2, the same container, with the `vm` and `vcpu.N`
 //! sections holding kvm-bindings' encodings of the KVM structures and each vCPU's CPUID
-//! entries and TSC frequency added. A file of another version is refused with
-//! "snapshot format version N, this tandem reads 2".
+//! entries and TSC frequency added; 3, pages sections (kind 3) added, and the memory
+//! image split into a table and its pages. Versions 2 and 3 are read; a file of another
+//! version is refused with "snapshot format version N, this tandem reads 2 and 3".
+//! [`SnapshotWriter::with_version`] still writes version 2, for tests and tools.
 //!
 //! The section count and total length sit in a trailer rather than a header so that the
 //! writer streams: it never seeks, holds no section in memory, and computes the CRC as the
@@ -52,7 +63,9 @@
 //! 2. if the last 17 bytes are a trailer that states the file's real length, the CRC over
 //!    the whole file ([`FormatError::Crc`]: the file is damaged), then the section
 //!    structure (which a correct CRC makes a writer bug or a forged file:
-//!    [`FormatError::Malformed`]);
+//!    [`FormatError::Malformed`]); in version 3 the structure comes first, since the CRC
+//!    skips the pages bodies that the structure locates, so a damaged header there reads
+//!    as malformed;
 //! 3. otherwise the structure is walked from the start to tell a truncated file
 //!    ([`FormatError::Truncated`]), one with bytes after its trailer
 //!    ([`FormatError::TrailingGarbage`]) and a damaged one (CRC mismatch) apart.
@@ -61,16 +74,22 @@
 //! read from it on request. The file must not be changed while a reader has it open.
 
 use std::collections::HashSet;
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::ops::ControlFlow;
+use std::io::{self, Write};
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+mod read;
+
+pub use read::{expected_crc, SectionInfo, SnapshotReader};
 
 /// The eight bytes every tandem snapshot starts with.
 pub const MAGIC: [u8; 8] = *b"TANDEMSN";
-/// The format version this tandem writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this tandem writes.
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest format version this tandem reads.
+pub const OLDEST_VERSION: u32 = 2;
+/// Pages sections start on multiples of this, in the file.
+pub const PAGE_ALIGN: u64 = 4096;
 /// The largest state section accepted, in bytes.
 pub const MAX_STATE_SECTION: u64 = 16 << 20;
 /// The longest section name, in bytes.
@@ -92,11 +111,13 @@ pub enum FormatError {
     #[error("not a tandem snapshot (the file does not start with \"TANDEMSN\")")]
     NotASnapshot,
     /// The file is a tandem snapshot of another format version.
-    #[error("snapshot format version {found}, this tandem reads {supported}")]
+    #[error("snapshot format version {found}, this tandem reads {oldest} and {supported}")]
     Version {
         /// The version in the file.
         found: u32,
-        /// The version this build reads.
+        /// The oldest version this build reads.
+        oldest: u32,
+        /// The newest version this build reads.
         supported: u32,
     },
     /// The file ends before the snapshot does.
@@ -202,6 +223,8 @@ pub enum SectionKind {
     State,
     /// A guest memory image ([`crate::memory`]); bounded only by the file.
     Memory,
+    /// Raw pages, page-aligned in the file and outside its CRC (version 3).
+    Pages,
 }
 
 impl SectionKind {
@@ -209,6 +232,7 @@ impl SectionKind {
         match self {
             SectionKind::State => 1,
             SectionKind::Memory => 2,
+            SectionKind::Pages => 3,
         }
     }
 
@@ -216,9 +240,15 @@ impl SectionKind {
         match code {
             1 => Some(SectionKind::State),
             2 => Some(SectionKind::Memory),
+            3 => Some(SectionKind::Pages),
             _ => None,
         }
     }
+}
+
+/// Zero bytes from `offset` to the next multiple of [`PAGE_ALIGN`].
+pub fn pad_to_page(offset: u64) -> u64 {
+    (PAGE_ALIGN - offset % PAGE_ALIGN) % PAGE_ALIGN
 }
 
 /// Checks a section name against the rules of the layout.
@@ -249,12 +279,21 @@ impl<W: Write> CrcOut<W> {
         self.offset += bytes.len() as u64;
         Ok(())
     }
+
+    /// Writes bytes the CRC does not cover (a pages body).
+    fn put_uncovered(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.out.write_all(bytes)?;
+        self.offset += bytes.len() as u64;
+        Ok(())
+    }
 }
 
 /// The body of one section being written; refuses bytes past the declared length.
 struct BodyWriter<'a, W: Write> {
     out: &'a mut CrcOut<W>,
     left: u64,
+    /// A pages body: outside the CRC.
+    uncovered: bool,
 }
 
 impl<W: Write> Write for BodyWriter<'_, W> {
@@ -265,7 +304,11 @@ impl<W: Write> Write for BodyWriter<'_, W> {
                 "section body longer than declared",
             ));
         }
-        self.out.put(buf)?;
+        if self.uncovered {
+            self.out.put_uncovered(buf)?;
+        } else {
+            self.out.put(buf)?;
+        }
         self.left -= buf.len() as u64;
         Ok(buf.len())
     }
@@ -282,26 +325,41 @@ impl<W: Write> Write for BodyWriter<'_, W> {
 /// never be mistaken for a whole snapshot.
 pub struct SnapshotWriter<W: Write> {
     out: CrcOut<W>,
+    version: u32,
     count: u32,
     names: HashSet<String>,
     poisoned: bool,
 }
 
 impl<W: Write> SnapshotWriter<W> {
-    /// Starts a snapshot: writes the header.
+    /// Starts a snapshot of [`FORMAT_VERSION`]: writes the header.
     pub fn new(out: W) -> Result<Self> {
+        Self::with_version(out, FORMAT_VERSION)
+    }
+
+    /// Starts a snapshot of `version` (2 or 3; 2 has no pages sections, for tests and
+    /// tools that need a file as an older tandem wrote it).
+    pub fn with_version(out: W, version: u32) -> Result<Self> {
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(FormatError::Version {
+                found: version,
+                oldest: OLDEST_VERSION,
+                supported: FORMAT_VERSION,
+            });
+        }
         let mut w = SnapshotWriter {
             out: CrcOut {
                 out,
                 crc: crc32fast::Hasher::new(),
                 offset: 0,
             },
+            version,
             count: 0,
             names: HashSet::new(),
             poisoned: true,
         };
         w.out.put(&MAGIC)?;
-        w.out.put(&FORMAT_VERSION.to_le_bytes())?;
+        w.out.put(&version.to_le_bytes())?;
         w.out.put(&0u32.to_le_bytes())?;
         w.poisoned = false;
         Ok(w)
@@ -310,6 +368,11 @@ impl<W: Write> SnapshotWriter<W> {
     /// Bytes written so far.
     pub fn offset(&self) -> u64 {
         self.out.offset
+    }
+
+    /// The format version being written.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     /// Writes `state` as a JSON state section.
@@ -347,6 +410,15 @@ impl<W: Write> SnapshotWriter<W> {
         if self.names.contains(name) {
             return Err(FormatError::DuplicateName(name.to_string()));
         }
+        if kind == SectionKind::Pages && (self.version < 3 || !len.is_multiple_of(PAGE_ALIGN)) {
+            return Err(FormatError::Malformed {
+                at: self.out.offset,
+                reason: format!(
+                    "a pages section of {len} bytes in a version {} file",
+                    self.version
+                ),
+            });
+        }
         if kind == SectionKind::State && len > MAX_STATE_SECTION {
             return Err(FormatError::StateTooLarge {
                 name: name.to_string(),
@@ -363,9 +435,15 @@ impl<W: Write> SnapshotWriter<W> {
         head.extend_from_slice(name.as_bytes());
         head.extend_from_slice(&len.to_le_bytes());
         self.out.put(&head)?;
+        let pages = kind == SectionKind::Pages;
+        if pages {
+            let pad = pad_to_page(self.out.offset);
+            self.out.put(&vec![0u8; pad as usize])?;
+        }
         let mut body = BodyWriter {
             out: &mut self.out,
             left: len,
+            uncovered: pages,
         };
         fill(&mut body)?;
         if body.left != 0 {
@@ -400,369 +478,4 @@ impl<W: Write> SnapshotWriter<W> {
         self.out.out.flush()?;
         Ok(self.out.out)
     }
-}
-
-/// Where one verified section lies in the file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SectionInfo {
-    /// The section's name.
-    pub name: String,
-    /// What it holds.
-    pub kind: SectionKind,
-    /// Offset of its body in the file.
-    pub offset: u64,
-    /// Length of its body.
-    pub len: u64,
-}
-
-/// How a walk over the section structure ended.
-enum Walk {
-    /// A trailer at `at`, ending exactly at the end of the file.
-    Whole {
-        sections: Vec<SectionInfo>,
-        count: u32,
-        total: u64,
-        at: u64,
-    },
-    /// The structure asks for bytes past the end of the file.
-    Truncated(&'static str),
-    /// A trailer that ends before the end of the file.
-    Garbage { end: u64, inside: &'static str },
-    /// Something that cannot be part of a snapshot.
-    Bad(FormatError),
-}
-
-/// A verified snapshot: an index of its sections over the reader it came from.
-pub struct SnapshotReader<R: Read + Seek> {
-    inner: R,
-    len: u64,
-    sections: Vec<SectionInfo>,
-}
-
-impl<R: Read + Seek> SnapshotReader<R> {
-    /// Verifies the whole file (see the module doc for the order) and indexes its sections.
-    pub fn open(mut inner: R) -> Result<Self> {
-        let len = inner.seek(SeekFrom::End(0))?;
-        inner.seek(SeekFrom::Start(0))?;
-        let mut head = [0u8; HEADER_LEN as usize];
-        let got = read_up_to(&mut inner, &mut head)?;
-        if got == 0 || head[..got.min(8)] != MAGIC[..got.min(8)] {
-            return Err(FormatError::NotASnapshot);
-        }
-        if got < HEADER_LEN as usize {
-            return Err(FormatError::Truncated {
-                at: len,
-                inside: "header",
-            });
-        }
-        let version = u32_at(&head, 8);
-        if version != FORMAT_VERSION {
-            return Err(FormatError::Version {
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
-        let trailer_looks_whole = len >= HEADER_LEN + TRAILER_LEN && {
-            let mut t = [0u8; TRAILER_LEN as usize];
-            inner.seek(SeekFrom::Start(len - TRAILER_LEN))?;
-            inner.read_exact(&mut t)?;
-            t[0] == TRAILER_TAG && u64_at(&t, 5) == len
-        };
-        if trailer_looks_whole {
-            check_crc(&mut inner, len)?;
-        }
-        let walk = walk(&mut inner, len)?;
-        let (sections, count, total, at) = match walk {
-            Walk::Whole {
-                sections,
-                count,
-                total,
-                at,
-            } => (sections, count, total, at),
-            // Only reached when the trailer did not state the file's length.
-            // A whole-looking trailer with a correct CRC: the lengths inside are forged.
-            Walk::Truncated(inside) | Walk::Garbage { inside, .. } if trailer_looks_whole => {
-                return Err(FormatError::Malformed {
-                    at: HEADER_LEN,
-                    reason: format!("the {inside} does not end where the trailer says"),
-                })
-            }
-            Walk::Truncated(inside) => return Err(FormatError::Truncated { at: len, inside }),
-            Walk::Garbage { end, .. } => return Err(FormatError::TrailingGarbage { end, len }),
-            Walk::Bad(e) => {
-                if !trailer_looks_whole {
-                    check_crc(&mut inner, len)?;
-                }
-                return Err(e);
-            }
-        };
-        if !trailer_looks_whole {
-            // The walk found a trailer at the end whose length field is wrong.
-            check_crc(&mut inner, len)?;
-            return Err(FormatError::Malformed {
-                at: at + 5,
-                reason: format!("trailer gives a total length of {total}, the file has {len}"),
-            });
-        }
-        if count as usize != sections.len() {
-            return Err(FormatError::Malformed {
-                at: at + 1,
-                reason: format!(
-                    "trailer counts {count} sections, the file has {}",
-                    sections.len()
-                ),
-            });
-        }
-        Ok(SnapshotReader {
-            inner,
-            len,
-            sections,
-        })
-    }
-
-    /// The file's length in bytes.
-    pub fn file_len(&self) -> u64 {
-        self.len
-    }
-
-    /// All sections, in file order.
-    pub fn sections(&self) -> &[SectionInfo] {
-        &self.sections
-    }
-
-    /// The section called `name`, if there is one.
-    pub fn section(&self, name: &str) -> Option<&SectionInfo> {
-        self.sections.iter().find(|s| s.name == name)
-    }
-
-    /// The section called `name`, which must be of `kind`.
-    pub fn expect_section(&self, name: &str, kind: SectionKind) -> Result<SectionInfo> {
-        let s = self
-            .section(name)
-            .ok_or_else(|| FormatError::MissingSection(name.to_string()))?;
-        if s.kind != kind {
-            return Err(FormatError::WrongKind {
-                name: name.to_string(),
-                found: s.kind,
-                expected: kind,
-            });
-        }
-        Ok(s.clone())
-    }
-
-    /// Reads a state section's bytes (at most [`MAX_STATE_SECTION`], checked by `open`).
-    pub fn read_state_bytes(&mut self, name: &str) -> Result<Vec<u8>> {
-        let s = self.expect_section(name, SectionKind::State)?;
-        let mut body = vec![0u8; s.len as usize];
-        self.inner.seek(SeekFrom::Start(s.offset))?;
-        self.inner.read_exact(&mut body)?;
-        Ok(body)
-    }
-
-    /// Reads a state section and decodes it as `T`.
-    pub fn read_state<T: DeserializeOwned>(&mut self, name: &str) -> Result<T> {
-        let body = self.read_state_bytes(name)?;
-        serde_json::from_slice(&body).map_err(|source| FormatError::Decode {
-            name: name.to_string(),
-            source,
-        })
-    }
-
-    /// A reader over the body of section `name`, which must be of `kind`, and its length.
-    pub fn section_reader(
-        &mut self,
-        name: &str,
-        kind: SectionKind,
-    ) -> Result<(u64, io::Take<&mut R>)> {
-        let s = self.expect_section(name, kind)?;
-        self.inner.seek(SeekFrom::Start(s.offset))?;
-        Ok((s.len, (&mut self.inner).take(s.len)))
-    }
-}
-
-/// Reads as much of `buf` as the input has; returns how much that was.
-fn read_up_to<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-
-/// Streams the file through the CRC and compares with the last four bytes.
-fn check_crc<R: Read + Seek>(r: &mut R, len: u64) -> Result<()> {
-    r.seek(SeekFrom::Start(0))?;
-    let mut hasher = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; IO_CHUNK];
-    let mut left = len - 4;
-    while left > 0 {
-        let n = left.min(IO_CHUNK as u64) as usize;
-        r.read_exact(&mut buf[..n])?;
-        hasher.update(&buf[..n]);
-        left -= n as u64;
-    }
-    let mut stored = [0u8; 4];
-    r.read_exact(&mut stored)?;
-    let stored = u32::from_le_bytes(stored);
-    let computed = hasher.finalize();
-    if stored != computed {
-        return Err(FormatError::Crc { stored, computed });
-    }
-    Ok(())
-}
-
-fn malformed(at: u64, reason: String) -> FormatError {
-    FormatError::Malformed { at, reason }
-}
-
-/// Walks section headers from the start, seeking over bodies; reads no body.
-fn walk<R: Read + Seek>(r: &mut R, len: u64) -> Result<Walk> {
-    r.seek(SeekFrom::Start(8 + 4))?;
-    let mut reserved = [0u8; 4];
-    r.read_exact(&mut reserved)?;
-    if reserved != [0; 4] {
-        return Ok(Walk::Bad(malformed(
-            12,
-            "reserved header field is not zero".to_string(),
-        )));
-    }
-    let mut pos = HEADER_LEN;
-    let mut sections: Vec<SectionInfo> = Vec::new();
-    let mut names = HashSet::new();
-    loop {
-        let mut tag = [0u8; 1];
-        if pos + 1 > len {
-            return Ok(Walk::Truncated("section list"));
-        }
-        r.seek(SeekFrom::Start(pos))?;
-        r.read_exact(&mut tag)?;
-        match tag[0] {
-            TRAILER_TAG => return read_trailer(r, pos, len, sections),
-            SECTION_TAG => {}
-            other => {
-                return Ok(Walk::Bad(malformed(
-                    pos,
-                    format!("expected a section (0x53) or the trailer (0x45), found {other:#04x}"),
-                )))
-            }
-        }
-        let section = match read_section_header(r, pos, len)? {
-            ControlFlow::Continue(section) => section,
-            ControlFlow::Break(end) => return Ok(end),
-        };
-        if !names.insert(section.name.clone()) {
-            return Ok(Walk::Bad(malformed(
-                pos + 3,
-                format!("duplicate section name {:?}", section.name),
-            )));
-        }
-        pos = section.offset + section.len;
-        sections.push(section);
-    }
-}
-
-/// [`walk`] at the trailer's tag (at `pos`, already read): the whole file's
-/// outcome, given the `sections` walked before it.
-fn read_trailer<R: Read + Seek>(
-    r: &mut R,
-    pos: u64,
-    len: u64,
-    sections: Vec<SectionInfo>,
-) -> Result<Walk> {
-    if len - pos < TRAILER_LEN {
-        return Ok(Walk::Truncated("trailer"));
-    }
-    let mut t = [0u8; TRAILER_LEN as usize - 1];
-    r.read_exact(&mut t)?;
-    let end = pos + TRAILER_LEN;
-    if end != len {
-        return Ok(Walk::Garbage {
-            end,
-            inside: "trailer",
-        });
-    }
-    Ok(Walk::Whole {
-        sections,
-        count: u32_at(&t, 0),
-        total: u64_at(&t, 4),
-        at: pos,
-    })
-}
-
-/// [`walk`] at a section's tag (at `pos`, already read): the rest of its
-/// header, checked; `Break` with the walk's outcome where it is bad or cut.
-fn read_section_header<R: Read + Seek>(
-    r: &mut R,
-    pos: u64,
-    len: u64,
-) -> Result<ControlFlow<Walk, SectionInfo>> {
-    if len - pos < 3 {
-        return Ok(ControlFlow::Break(Walk::Truncated("section header")));
-    }
-    let mut kn = [0u8; 2];
-    r.read_exact(&mut kn)?;
-    let Some(kind) = SectionKind::from_code(kn[0]) else {
-        return Ok(ControlFlow::Break(Walk::Bad(malformed(
-            pos + 1,
-            format!("unknown section kind {}", kn[0]),
-        ))));
-    };
-    let name_len = u64::from(kn[1]);
-    if name_len == 0 || name_len > MAX_NAME_LEN as u64 {
-        return Ok(ControlFlow::Break(Walk::Bad(malformed(
-            pos + 2,
-            format!("section name length {name_len} is not 1..={MAX_NAME_LEN}"),
-        ))));
-    }
-    if len - pos < 3 + name_len + 8 {
-        return Ok(ControlFlow::Break(Walk::Truncated("section header")));
-    }
-    let mut name = vec![0u8; name_len as usize];
-    r.read_exact(&mut name)?;
-    let name = match String::from_utf8(name) {
-        Ok(n) if check_name(&n).is_ok() => n,
-        _ => {
-            return Ok(ControlFlow::Break(Walk::Bad(malformed(
-                pos + 3,
-                "section name has characters outside A-Z a-z 0-9 . _ -".to_string(),
-            ))))
-        }
-    };
-    let mut body_len = [0u8; 8];
-    r.read_exact(&mut body_len)?;
-    let body_len = u64::from_le_bytes(body_len);
-    let offset = pos + 3 + name_len + 8;
-    if body_len > len - offset {
-        return Ok(ControlFlow::Break(Walk::Truncated("section body")));
-    }
-    if kind == SectionKind::State && body_len > MAX_STATE_SECTION {
-        return Ok(ControlFlow::Break(Walk::Bad(FormatError::StateTooLarge {
-            name,
-            len: body_len,
-            max: MAX_STATE_SECTION,
-        })));
-    }
-    Ok(ControlFlow::Continue(SectionInfo {
-        name,
-        kind,
-        offset,
-        len: body_len,
-    }))
 }
