@@ -255,27 +255,43 @@ impl TestVm {
     }
 
     /// The VMM's own memory in KiB: the process RSS minus the RSS of guest
-    /// RAM (mappings at least `guest_kib` large), from /proc/PID/smaps.
+    /// RAM, from /proc/PID/smaps. Guest RAM is a run of adjacent mappings
+    /// at least `guest_kib` large in all: one mapping after a boot, several
+    /// after a restore that mapped the snapshot's pages over parts of it.
     pub fn vmm_overhead_kib(&self, guest_kib: u64) -> u64 {
         let smaps =
             std::fs::read_to_string(format!("/proc/{}/smaps", self.pid())).expect("read smaps");
-        let (mut total, mut guest, mut size) = (0u64, 0u64, 0u64);
-        let num = |l: &str| -> u64 {
-            l.split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
+        // (start, end, rss in KiB) of each mapping, in address order.
+        let mut maps: Vec<(u64, u64, u64)> = Vec::new();
         for line in smaps.lines() {
-            if line.starts_with("Size:") {
-                size = num(line);
-            } else if line.starts_with("Rss:") {
-                let rss = num(line);
-                total += rss;
-                if size >= guest_kib {
-                    guest += rss;
-                }
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'));
+            let hex = |v: &str| u64::from_str_radix(v, 16).ok();
+            if let Some((Some(start), Some(end))) = range.map(|(a, b)| (hex(a), hex(b))) {
+                maps.push((start, end, 0));
+            } else if let (Some(rss), Some(last)) = (line.strip_prefix("Rss:"), maps.last_mut()) {
+                last.2 = rss
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
             }
+        }
+        let total: u64 = maps.iter().map(|m| m.2).sum();
+        let mut guest = 0;
+        let mut i = 0;
+        while i < maps.len() {
+            // The run of adjacent mappings that starts at i.
+            let mut j = i + 1;
+            while j < maps.len() && maps[j].0 == maps[j - 1].1 {
+                j += 1;
+            }
+            if (maps[j - 1].1 - maps[i].0) >> 10 >= guest_kib {
+                guest += maps[i..j].iter().map(|m| m.2).sum::<u64>();
+            }
+            i = j;
         }
         total - guest
     }
