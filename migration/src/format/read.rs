@@ -95,15 +95,13 @@ impl<R: Read + Seek> SnapshotReader<R> {
                 return Err(e);
             }
         };
-        let skip = pages_bodies(&sections, version);
-        if !early_crc {
-            check_crc(&mut inner, len, &skip)?;
+        // Version 3 always checks here, version 2 when it could not check first
+        // (for version 2 there are no pages bodies to skip).
+        if !early_crc || !trailer_looks_whole {
+            check_crc(&mut inner, len, &pages_bodies(&sections, version))?;
         }
         if !trailer_looks_whole {
             // The walk found a trailer at the end whose length field is wrong.
-            if early_crc {
-                check_crc(&mut inner, len, &[])?;
-            }
             return Err(FormatError::Malformed {
                 at: at + 5,
                 reason: format!("trailer gives a total length of {total}, the file has {len}"),

@@ -68,6 +68,15 @@ impl Restore<File> {
         };
         Ok((stats, Placed::Mapped))
     }
+
+    /// What is left to check of a restore whose pages were mapped.
+    pub fn page_check(self) -> PageCheck {
+        PageCheck {
+            layout: layout::ram_ranges(self.state.manifest.mem_bytes),
+            reader: self.reader,
+            path: self.path,
+        }
+    }
 }
 
 /// The pages of a restore that mapped them, whose CRC is still to be
@@ -97,16 +106,5 @@ impl PageCheck {
     /// The snapshot file's path, for messages.
     pub fn path(&self) -> &str {
         &self.path
-    }
-}
-
-impl Restore<File> {
-    /// What is left to check of a restore whose pages were mapped.
-    pub fn page_check(self) -> PageCheck {
-        PageCheck {
-            layout: layout::ram_ranges(self.state.manifest.mem_bytes),
-            reader: self.reader,
-            path: self.path,
-        }
     }
 }
