@@ -10,8 +10,8 @@
 # VMM boots one guest per size and snapshots it per workload (tandem-jitter
 # and tandem-dirty started before, so restored guests dirty at once); each
 # run restores a source from the snapshot, migrates it to a destination on
-# the same machine (Unix socket) and measures total time, downtime, MiB
-# sent, rounds, convergence (--timeout-s per migration), the guest's max
+# the same machine (Unix socket, or TCP on loopback with --stream tcp) and
+# measures total time, downtime, MiB sent, send rate, rounds, convergence (--timeout-s per migration), the guest's max
 # gap (tandem-jitter) before vs during, and ping RTT and loss (every 10 ms)
 # during. Min/median of N runs (default 3), ratios vs QEMU, the issue's
 # targets, and a JSON line. Guests sit on a bridge in a network namespace
@@ -23,5 +23,10 @@
 #            [--dirty-mib 256] [--dirty-rate 200]
 #            [--workloads idle,dirty] [--bandwidths 0,128] [--modes thread,inline,qemu]
 #            [--timeout-s 120] [--tmpdir DIR] [--sandbox on|off] [--initially-set on|off]
+#            [--stream unix|tcp] [--ping-ms 10] [--window-s 40]
+# --modes also takes threadN: the migration thread with --connections N
+# (2 to 16), e.g. --modes thread,thread2,thread4 --stream tcp.
+# --window-s W adds, per run, the gaps over 400 ms, the largest gap and the
+# largest ping RTT over W s from the pings' start (the seed's table: 40).
 source "$(dirname "$0")/common.sh"
 exec python3 bench/migrate_measure.py "${guest_args[@]}" "$@"

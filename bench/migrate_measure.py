@@ -53,6 +53,19 @@ DIRTY_MIB, DIRTY_RATE = 256, 200  # the defaults of --dirty-mib, --dirty-rate
 GRACE_S = 1.0  # "during" runs on this long after the migration ended
 TANDEM_MODES, QEMU_MODE = ("thread", "inline"), "qemu"
 LABELS = {"thread": "tandem thread", "inline": "tandem inline", "qemu": "QEMU (TCG)"}
+# threadN (N 2 to 16): the migration thread with --connections N.
+STREAMS = re.compile(r"thread([0-9]+)$")
+
+
+def streams(mode):
+    """The streams a mode migrates over: N for threadN, else 1."""
+    m = STREAMS.match(mode)
+    return int(m.group(1)) if m else 1
+
+
+def mode_label(mode):
+    n = streams(mode)
+    return f"tandem thread x{n}" if n > 1 else LABELS[mode]
 
 
 class Bridge(Ns):
@@ -164,13 +177,19 @@ class Guest:
                 t0 = time.monotonic()
                 res = self.migrate(run, mode, bw)
                 t1 = time.monotonic()
-                time.sleep(GRACE_S)
+                # --window-s: the guest watched that long from t_before.
+                time.sleep(max(GRACE_S, t_before + a.window_s - time.monotonic()))
             finally:
                 pings = pinger.stop()
             # The migration ended (the source's own total time) before the
             # client saw it: it polls every 100 ms.
             t_end = t0 + res["total_s"] if res.get("total_s") else t1
             res.update(felt(pings, jit, (t_quiet, t_before, t0, t1), t_end))
+            if a.window_s:
+                w = window(pings, *jit.gaps(t_quiet, time.monotonic())[:2], t_before,
+                           t_before + a.window_s)
+                res.update(window_over_400=w["gaps_over_400"], window_gap_ms=w["max_gap_ms"],
+                           window_rtt_max_ms=w["rtt_max_ms"])
             if res["converged"]:
                 self.arrived(run, res)
             return res
@@ -195,7 +214,7 @@ def dirty_text(args):
 
 def label(args, mode):
     """A row's label: the VMM, and the vCPU count when it is not 1."""
-    return LABELS[mode] if args.cpus == 1 else f"{LABELS[mode]} {args.cpus}vCPU"
+    return mode_label(mode) if args.cpus == 1 else f"{mode_label(mode)} {args.cpus}vCPU"
 
 
 def felt(pings, jit, marks, t_end):
@@ -247,12 +266,14 @@ class TandemGuest(Guest, sm.Tandem):
     def destination(self, run, err):
         sock = os.path.join(self.tmp, "tandem-mig.sock")
         api = os.path.join(self.tmp, "tandem-dst.api")
-        p = spawn([self.args.tandem, "run", "--incoming", f"unix:{sock}", "--mem", self.mem,
+        # TCP on the namespace's loopback, or a Unix socket (--stream).
+        to = "tcp:127.0.0.1:4490" if self.args.stream == "tcp" else f"unix:{sock}"
+        p = spawn([self.args.tandem, "run", "--incoming", to, "--mem", self.mem,
                    "--cpus", str(self.args.cpus), "--api-sock", api] + self.net(1)
                   + self.sandbox(),
                   err + ".dst")
         run["procs"].append(p)
-        run.update(dst=p, dst_con=Console(p), to=f"unix:{sock}", dst_err=err + ".dst")
+        run.update(dst=p, dst_con=Console(p), to=to, dst_err=err + ".dst")
         run["files"] += [sock, api]
         end = time.monotonic() + 60
         while "waiting for a migration on" not in tail(err + ".dst", 50):
@@ -263,8 +284,10 @@ class TandemGuest(Guest, sm.Tandem):
     def migrate(self, run, mode, bw):
         a = self.args
         cmd = [a.tandem, "ctl", "--api-sock", run["api"], "migrate", run["to"], "--json",
-               "--downtime-ms", str(a.downtime_ms), "--mode", mode, "--timeout-s", str(a.timeout_s),
+               "--downtime-ms", str(a.downtime_ms), "--timeout-s", str(a.timeout_s),
                "--initially-set", a.initially_set]
+        n = streams(mode)
+        cmd += ["--mode", "thread", "--connections", str(n)] if n > 1 else ["--mode", mode]
         if bw:
             cmd += ["--bandwidth", str(bw)]
         out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -280,7 +303,9 @@ class TandemGuest(Guest, sm.Tandem):
                "sent_mib": rep.get("sent_bytes", 0) / 1048576.0,
                "rounds": len(rep.get("rounds") or []), "throttle_pct": rep.get("throttle"),
                "setup_ms": rep.get("setup_ms"), "dirty_rate_mib": rep.get("dirty_rate_mib"),
-               "log_start_ms": rep.get("log_start_ms"), "log_all_dirty": rep.get("log_all_dirty")}
+               "log_start_ms": rep.get("log_start_ms"), "log_all_dirty": rep.get("log_all_dirty"),
+               "send_mib_s": rep.get("send_rate_mib"),
+               "last_pages_ms": (rep.get("downtime_parts") or {}).get("pages_ms")}
         if not converged:
             res["why"] = f"{rep.get('phase')}: {rep.get('error')}"
         return res
@@ -412,6 +437,8 @@ FIGURES = [  # key, header, format
     ("downtime_ms", "downtime ms", "{:.0f}"),
     ("paused_to_running_ms", "paused->run", "{:.1f}"),
     ("sent_mib", "MiB sent", "{:.0f}"),
+    ("send_mib_s", "send MiB/s", "{:.0f}"),
+    ("last_pages_ms", "last pages", "{:.1f}"),
     ("rounds", "rounds", "{:.0f}"),
     ("gap_quiet_ms", "gap quiet", "{:.0f}"),
     ("gap_before_ms", "gap before", "{:.0f}"),
@@ -419,6 +446,11 @@ FIGURES = [  # key, header, format
     ("rtt_avg_ms", "rtt avg ms", "{:.1f}"),
     ("rtt_max_ms", "rtt max ms", "{:.0f}"),
     ("loss_pct", "loss %", "{:.1f}"),
+    # With --window-s W: over the W s from the pings' start (before the
+    # migration) on: gaps over 400 ms, the largest gap, the largest RTT.
+    ("window_over_400", ">400 in W", "{:.0f}"),
+    ("window_gap_ms", "gap in W", "{:.0f}"),
+    ("window_rtt_max_ms", "rtt max W", "{:.0f}"),
 ]
 
 
@@ -525,7 +557,7 @@ def print_case(args, key, case):
     mem, wl, bw = key
     vcpus = "" if args.cpus == 1 else f", {args.cpus} vCPUs"
     print(f"\n{mem} MiB{vcpus}, {wl}, bandwidth {f'{bw} MiB/s' if bw else 'unlimited'}")
-    w = 15 if args.cpus == 1 else 21
+    w = 18 if args.cpus == 1 else 24
     print(f"{'':<{w}}" + "".join(f"{h:>12}" for _, h, _ in FIGURES) + f"{'converged':>10}")
     for m in args.modes:
         rs = case.get(m, {}).get("runs", [])
@@ -562,7 +594,7 @@ def case_json(args, key, case):
 
 def run_size(args, mem, tmp, jit, results):
     guests = {}
-    if any(m in args.modes for m in TANDEM_MODES):
+    if any(m != QEMU_MODE for m in args.modes):
         guests["tandem"] = TandemGuest(args, mem, tmp)
     if QEMU_MODE in args.modes:
         guests["qemu"] = QemuGuest(args, mem, tmp)
@@ -641,7 +673,10 @@ def parse_args():
     ap.add_argument("--sizes", default="512,2048", help="guest memory sizes in MiB")
     ap.add_argument("--workloads", default="idle,dirty", help="idle, dirty")
     ap.add_argument("--bandwidths", default="0,128", help="MiB/s; 0: unlimited")
-    ap.add_argument("--modes", default="thread,inline,qemu", help="thread, inline, qemu")
+    ap.add_argument("--modes", default="thread,inline,qemu",
+                    help="thread, threadN (the thread with --connections N, 2 to 16), inline, qemu")
+    ap.add_argument("--stream", choices=["unix", "tcp"], default="unix",
+                    help="tandem's migration stream: a Unix socket, or TCP on loopback")
     ap.add_argument("--tmpdir", default=None, help="where snapshots go (default: $TMPDIR or /tmp)")
     ap.add_argument("--downtime-ms", type=int, default=300)
     ap.add_argument("--sandbox", choices=["on", "off"], default="on",
@@ -654,6 +689,9 @@ def parse_args():
                     help="the guest's floor: its gaps after the restore, before any ping")
     ap.add_argument("--before-s", type=float, default=3.0)
     ap.add_argument("--ping-ms", type=float, default=10.0, help="ping interval")
+    ap.add_argument("--window-s", type=float, default=0.0,
+                    help="also count gaps over 400 ms in this many s from the pings' start "
+                         "(the migration starts --before-s in); 0: off")
     ap.add_argument("--boot-timeout", type=float, default=1200)
     ap.add_argument("--restore-timeout", type=float, default=600)
     ap.add_argument("--cmd-timeout", type=float, default=600)
@@ -670,8 +708,8 @@ def parse_args():
         if w not in ("idle", "dirty"):
             ap.error(f"unknown workload {w}")
     for m in args.modes:
-        if m not in LABELS:
-            ap.error(f"unknown mode {m}")
+        if m not in LABELS and not 2 <= streams(m) <= 16:
+            ap.error(f"unknown mode {m} (thread, threadN for N streams, 2 to 16; inline; qemu)")
     if not 1 <= args.cpus <= 32:
         ap.error("--cpus: 1 to 32")
     args.cmdline += f" tandem.ip={GUEST}/{PREFIX}"

@@ -190,6 +190,7 @@ def window(pings, gaps, maxima, lo, hi):
         "max_gap_ms": max(g)[0] if g else None,
         "max_gap_t": max(g)[1] if g else None,  # when it ended (or was reported)
         "reports": sum(1 for t, _ in maxima if inside(t)),
+        "gaps_over_400": sum(1 for t, ms in gaps if inside(t) and ms > 400),
         "pings": len(ps),
         "loss_pct": 100.0 * (len(ps) - len(ok)) / len(ps) if ps else None,
         "rtt_avg_ms": statistics.mean(ok) if ok else None,

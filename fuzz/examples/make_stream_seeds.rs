@@ -6,7 +6,10 @@
 //! written, and the first one cut after its Config; and those of
 //! `colo_checkpoint` into `fuzz/seeds/colo_checkpoint/`: the same batches
 //! and state images as checkpoints (and the first without its commit),
-//! each checked through `tandem_fuzz::checkpoint::receive`.
+//! each checked through `tandem_fuzz::checkpoint::receive`; and those of
+//! `migration_streams` into `fuzz/seeds/migration_streams/`: the same
+//! batches and images over three streams, each checked through
+//! `tandem_fuzz::stream::receive_streams`.
 //!
 //!     cd fuzz && cargo run --example make_stream_seeds
 
@@ -15,7 +18,7 @@ use std::path::Path;
 
 use migration::format::MAGIC;
 use tandem_fuzz::checkpoint::{self, checkpoint};
-use tandem_fuzz::stream::{batches, receive, stream};
+use tandem_fuzz::stream::{batches, receive, receive_streams, stream, three_streams};
 
 fn main() {
     let out = Path::new("seeds/migration_stream");
@@ -43,6 +46,15 @@ fn main() {
             fs::write(out.join("cut-after-config"), &s[..cut]).expect("write a seed");
         }
         fs::write(out.join(format!("stream-{n}")), &s).expect("write a seed");
+        let multi = three_streams(image.clone());
+        assert_eq!(
+            receive_streams(&multi),
+            Ok(18),
+            "a whole three-stream migration is taken"
+        );
+        let streams = Path::new("seeds/migration_streams");
+        fs::create_dir_all(streams).expect("create the seed directory");
+        fs::write(streams.join(format!("three-{n}")), &multi).expect("write a seed");
         let c = checkpoint(&batches(), image.clone());
         checkpoint::receive(&c).expect("a whole checkpoint is taken");
         let colo = Path::new("seeds/colo_checkpoint");

@@ -142,3 +142,108 @@ pub fn batches() -> Vec<MemoryBatch> {
         },
     ]
 }
+
+/// The other streams of a multi-stream input, handed to the receive when
+/// the main stream asks for exactly as many.
+struct Given(Vec<Vec<u8>>);
+
+impl vmm::migrate::joined::Joiner for Given {
+    type Stream = io::Cursor<Vec<u8>>;
+
+    fn join(
+        &mut self,
+        streams: &protocol::streams::Streams,
+    ) -> Result<Vec<Self::Stream>, MigrateError> {
+        if usize::from(streams.count) != self.0.len() + 1 {
+            return Err(MigrateError::Join(format!(
+                "{} streams asked, {} given",
+                streams.count,
+                self.0.len() + 1
+            )));
+        }
+        Ok(std::mem::take(&mut self.0)
+            .into_iter()
+            .map(io::Cursor::new)
+            .collect())
+    }
+}
+
+/// Splits a `migration_streams` input: byte 0 says how many other
+/// streams (its value mod 4), each then a 2-byte length and its bytes; the
+/// rest is the main stream.
+pub fn split_streams(bytes: &[u8]) -> (Vec<Vec<u8>>, &[u8]) {
+    let Some((&n, mut rest)) = bytes.split_first() else {
+        return (Vec::new(), bytes);
+    };
+    let mut others = Vec::new();
+    for _ in 0..n % 4 {
+        let Some((len, tail)) = rest.split_first_chunk::<2>() else {
+            break;
+        };
+        let len = usize::from(u16::from_le_bytes(*len)).min(tail.len());
+        others.push(tail[..len].to_vec());
+        rest = &tail[len..];
+    }
+    (others, rest)
+}
+
+/// The inverse of [`split_streams`].
+pub fn join_streams(others: &[Vec<u8>], main: &[u8]) -> Vec<u8> {
+    let mut out = vec![others.len() as u8];
+    for o in others {
+        out.extend_from_slice(&(o.len() as u16).to_le_bytes());
+        out.extend_from_slice(o);
+    }
+    out.extend_from_slice(main);
+    out
+}
+
+/// Runs the multi-stream receive on `bytes` ([`split_streams`]): `Ok(pages)`
+/// when a whole guest was taken from every stream.
+pub fn receive_streams(bytes: &[u8]) -> Result<u64, String> {
+    let (others, main) = split_streams(bytes);
+    let ours = manifest();
+    let mem = memory();
+    reset(mem);
+    let mut given = Given(others);
+    match vmm::migrate::dest::receive_guest_joined(&mut Peer(main), &ours, mem, &mut given) {
+        Ok((state, pages)) => {
+            assert_eq!(
+                state.manifest.mem_bytes, MEM,
+                "a state of another VM was accepted"
+            );
+            Ok(pages)
+        }
+        Err(e @ (MigrateError::Write(..) | MigrateError::Read(..))) => {
+            panic!("a checked batch failed against guest memory: {e}")
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A well-formed three-stream input: the main stream with the handshake,
+/// `Streams`, the first batch and the state `image`; the second batch on
+/// stream 1; stream 2 with nothing but its `Commit`.
+pub fn three_streams(image: Vec<u8>) -> Vec<u8> {
+    let b = batches();
+    let token = [0x42; protocol::streams::TOKEN_BYTES];
+    let encode = |msgs: &[Message]| {
+        let mut out = Vec::new();
+        for m in msgs {
+            protocol::write_message(&mut out, m).expect("encode a message");
+        }
+        out
+    };
+    let main = encode(&[
+        Message::Hello {
+            version: protocol::VERSION,
+        },
+        Message::Config(manifest()),
+        Message::Streams(protocol::streams::Streams { count: 3, token }),
+        Message::Memory(b[0].clone()),
+        Message::State(image),
+    ]);
+    let one = encode(&[Message::Memory(b[1].clone()), Message::Commit]);
+    let two = encode(&[Message::Commit]);
+    join_streams(&[one, two], &main)
+}

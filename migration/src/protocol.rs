@@ -38,6 +38,9 @@
 //! Go       empty: the guest is the destination's; the source never runs
 //!          it again
 //! Abandon  a reason (UTF-8): the sender gives up; the source runs the guest
+//! Streams  2 stream count N (2 to 16), 16 token: N streams in all
+//! Join     2 stream index (1 to N - 1), 16 token: this stream is one of
+//!          them (the first message after its Hello)
 //!
 //! COLO (a primary/secondary pair on one stream, after Go; see below):
 //! Protect     4 heartbeat interval ms, 4 heartbeat timeout ms, 2 page
@@ -74,6 +77,19 @@
 //!   Go -------------------------------->   resumes the guest, announces
 //!   exits: the guest left                  its MAC
 //! ```
+//!
+//! With `--connections N` (N > 1) the source sends `Streams` right after
+//! `Accept` and opens N - 1 more connections, each `Hello` then `Join`
+//! with the token (a stray connection, or one with another token, is
+//! refused and the wait goes on). Each page belongs to one stream for the
+//! whole migration (runs of 512 pages of a memory slot, dealt round-robin),
+//! so a page sent twice arrives in order. Every round, the stop-and-copy
+//! included, sends each stream's share on it at once (one thread each);
+//! each other stream ends with `Commit` after its share of the
+//! stop-and-copy, and the destination applies `State` (on the main stream,
+//! after its own share) only once every stream's `Commit` came. A stream
+//! that breaks fails the migration; the source sends `Abandon` on the main
+//! stream (if it can) and runs the guest on.
 //!
 //! A COLO pair starts as a migration whose source keeps its guest: after
 //! `Go` both run, and the stream goes on:
@@ -124,6 +140,7 @@ use std::io::{self, Read, Write};
 use crate::manifest::Manifest;
 
 pub mod colo;
+pub mod streams;
 
 /// The first bytes of a migration stream.
 pub const MAGIC: [u8; 8] = *b"TNDMMIG\0";
@@ -219,6 +236,8 @@ pub enum Command {
     Committed = 14,
     Disks = 15,
     DiskWrite = 16,
+    Streams = 17,
+    Join = 18,
 }
 
 impl Command {
@@ -240,6 +259,8 @@ impl Command {
             14 => Command::Committed,
             15 => Command::Disks,
             16 => Command::DiskWrite,
+            17 => Command::Streams,
+            18 => Command::Join,
             other => return Err(ProtocolError::UnknownCommand(other)),
         })
     }
@@ -263,6 +284,8 @@ impl Command {
             Command::Committed => "Committed",
             Command::Disks => "Disks",
             Command::DiskWrite => "DiskWrite",
+            Command::Streams => "Streams",
+            Command::Join => "Join",
         }
     }
 }
@@ -352,6 +375,8 @@ pub enum Message {
     Committed,
     Disks(Vec<[u8; 32]>),
     DiskWrite(colo::DiskWrite),
+    Streams(streams::Streams),
+    Join(streams::Join),
 }
 
 impl Message {
@@ -374,6 +399,8 @@ impl Message {
             Message::Committed => Command::Committed,
             Message::Disks(_) => Command::Disks,
             Message::DiskWrite(_) => Command::DiskWrite,
+            Message::Streams(_) => Command::Streams,
+            Message::Join(_) => Command::Join,
         }
     }
 
@@ -402,6 +429,8 @@ impl Message {
             Message::Dirty(spans) => colo::encode_spans(spans),
             Message::Disks(sums) => colo::encode_sums(sums),
             Message::DiskWrite(w) => w.encode(),
+            Message::Streams(s) => s.encode(),
+            Message::Join(j) => j.encode(),
         })
     }
 }
@@ -538,6 +567,8 @@ fn decode(command: Command, p: Vec<u8>) -> Result<Message> {
         Command::Dirty => colo::decode_spans(&p).map(Message::Dirty),
         Command::Disks => colo::decode_sums(&p).map(Message::Disks),
         Command::DiskWrite => colo::DiskWrite::decode(p).map(Message::DiskWrite),
+        Command::Streams => streams::Streams::decode(&p).map(Message::Streams),
+        Command::Join => streams::Join::decode(&p).map(Message::Join),
     }
 }
 

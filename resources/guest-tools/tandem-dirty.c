@@ -13,7 +13,11 @@
  * usage: tandem-dirty MIB RATE_MIB_PER_S [SECONDS]
  * output: "tandem-dirty: MIB MiB ready in T ms" once set up, then on exit
  *         "tandem-dirty: P pages dirtied in S s, R MiB/s" (the first pass
- *         is not counted)
+ *         is not counted) and "tandem-dirty: every page holds its last
+ *         write" or "tandem-dirty: N pages do not hold their last write"
+ *         (each page's counter checked against the one it was last given:
+ *         a page that went back to an older copy, as a migration that
+ *         delivers an old copy after a newer one would leave it, shows)
  */
 #include <signal.h>
 #include <stdint.h>
@@ -96,9 +100,23 @@ int main(int argc, char **argv)
 			t = now_ns();
 		}
 	}
+	/* Page j was last given the largest counter c <= counter with
+	 * c = j + 1 (mod pages); before its first write it holds the 1 the
+	 * set-up touch left. */
+	uint64_t wrong = 0;
+	for (uint64_t j = 0; j < pages; j++) {
+		uint64_t want = counter < j + 1 ? 1 : j + 1 + (counter - (j + 1)) / pages * pages;
+		if (*(volatile uint64_t *)(area + j * PAGE) != want)
+			wrong++;
+	}
 	double s = (double)(t - start) / 1e9;
 	printf("tandem-dirty: %llu pages dirtied in %.3f s, %.1f MiB/s\n",
 	       (unsigned long long)counter, s,
 	       s > 0 ? (double)counter * PAGE / (1 << 20) / s : 0.0);
-	return 0;
+	if (wrong)
+		printf("tandem-dirty: %llu pages do not hold their last write\n",
+		       (unsigned long long)wrong);
+	else
+		printf("tandem-dirty: every page holds its last write\n");
+	return wrong ? 1 : 0;
 }

@@ -8,18 +8,20 @@
 //! `tandem-jitter` reporting its gaps to the host, and a counting loop.
 //! First, migrations that fail: a destination with the wrong memory size
 //! (refused before any memory moves), one killed mid-stream, a TCP stream
-//! cut half-way by a forwarder, a cancel in `--mode inline`, one that
+//! cut half-way by a forwarder, one of three streams (`--connections 3`)
+//! cut in the first round, a cancel in `--mode inline`, one that
 //! cannot converge in its time limit (`--downtime-ms 1 --auto-converge off
 //! --timeout-s 20`); after each the source's guest runs on, unchanged, and
-//! its VMM says so. Then the dirtying guest migrates (Unix socket, with the
-//! jitter probe and its plot, at 8 MiB/s: it dirties faster than half of
-//! that, so auto-converge must throttle it for the migration to end) while
-//! a TCP stream from the host runs into it: the source exits 0 saying where the guest went; at the destination
-//! the console answers, a memory-resident file has its old checksum, the
-//! counting loop goes on, the stream arrived whole, the guest answers
-//! pings through the bridge (which learnt its new port from the
-//! self-announce), and the disk image, handed over at the switch-over,
-//! reads back what the guest synced before.
+//! its VMM says so. Then the dirtying guest migrates (Unix socket, three
+//! streams, with the jitter probe and its plot, at 8 MiB/s: it dirties
+//! faster than half of that, so auto-converge must throttle it for the
+//! migration to end) while a TCP stream from the host runs into it: the
+//! source exits 0 saying where the guest went; at the destination the
+//! console answers, a memory-resident file has its old checksum, every page
+//! `tandem-dirty` rewrote holds its last write, the counting loop goes on,
+//! the stream arrived whole, the guest answers pings through the bridge
+//! (which learnt its new port from the self-announce), and the disk image,
+//! handed over at the switch-over, reads back what the guest synced before.
 //!
 //! Beside it (the other test thread, its own namespace), an idle guest
 //! moves twice: in `--mode inline` over TCP (its dirty log write-protecting
@@ -375,6 +377,7 @@ fn failed_migrations(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
     dst.wait_exit(CMD);
     still_running(src, api, sum, 2);
     cut_stream(ns, api, src, sum);
+    cut_lane(ns, api, src, sum, 4);
     // The cancel in --mode inline: its slices run from the device loop's
     // turns, and the guest (and its devices) run on.
     let inline = ["--bandwidth", "4", "--mode", "inline"];
@@ -389,7 +392,7 @@ fn failed_migrations(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
         "it sent: {report}"
     );
     assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
-    still_running(src, api, sum, 4);
+    still_running(src, api, sum, 5);
     hopeless(ns, api, src, sum);
 }
 
@@ -432,23 +435,89 @@ fn cut_stream(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
 /// Forwards one connection on 127.0.0.1:`port` (in `ns`) to `to`, passing
 /// `limit` bytes towards it, then cuts both ways; returns what it passed.
 fn cutting_proxy(ns: &NetNs, port: u16, to: u16, limit: u64) -> JoinHandle<u64> {
+    cutting_proxy_of(ns, port, to, limit, 1, 0)
+}
+
+/// Forwards the first `n` connections on 127.0.0.1:`port` (in `ns`) to
+/// `to`, each whole except connection `cut` (0: the first made), which
+/// passes `limit` bytes towards `to` and is then cut both ways; returns
+/// what that one passed.
+fn cutting_proxy_of(
+    ns: &NetNs,
+    port: u16,
+    to: u16,
+    limit: u64,
+    n: usize,
+    cut: usize,
+) -> JoinHandle<u64> {
     let (ready, listening) = std::sync::mpsc::channel();
     let proxy = ns.spawn(move || {
         let l = TcpListener::bind(("127.0.0.1", port)).expect("the forwarder's port");
         ready.send(()).expect("the test waits");
-        let (mut from, _) = l.accept().expect("the source connects");
-        let mut onto = TcpStream::connect(("127.0.0.1", to)).expect("the destination");
-        let (mut back_from, mut back_to) = (onto.try_clone().unwrap(), from.try_clone().unwrap());
-        std::thread::spawn(move || std::io::copy(&mut back_from, &mut back_to));
-        let passed = std::io::copy(&mut (&mut from).take(limit), &mut onto).expect("forward");
-        let _ = from.shutdown(std::net::Shutdown::Both);
-        let _ = onto.shutdown(std::net::Shutdown::Both);
-        passed
+        let mut cut_one = None;
+        for i in 0..n {
+            let (from, _) = l.accept().expect("the source connects");
+            let onto = TcpStream::connect(("127.0.0.1", to)).expect("the destination");
+            let (mut back_from, mut back_to) =
+                (onto.try_clone().unwrap(), from.try_clone().unwrap());
+            std::thread::spawn(move || std::io::copy(&mut back_from, &mut back_to));
+            let passing = if i == cut { limit } else { u64::MAX };
+            let forward = std::thread::spawn(move || {
+                let (mut from, mut onto) = (from, onto);
+                let passed = std::io::copy(&mut (&mut from).take(passing), &mut onto);
+                let _ = from.shutdown(std::net::Shutdown::Both);
+                let _ = onto.shutdown(std::net::Shutdown::Both);
+                passed.unwrap_or(0)
+            });
+            if i == cut {
+                cut_one = Some(forward);
+            }
+        }
+        cut_one.map_or(0, |f| f.join().expect("the forwarder"))
     });
     listening
         .recv_timeout(Duration::from_secs(10))
         .expect("the forwarder listens");
     proxy
+}
+
+/// A migration over three streams (`--connections 3`) through a forwarder
+/// that cuts the third (stream 2; the main one is 0) after 8 MiB, in the
+/// first round: the source's guest runs on and its report names the
+/// stream; the destination ends with status 1, saying the same.
+fn cut_lane(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str, failures: usize) {
+    const CUT_AFTER: u64 = 8 << 20;
+    let disk = disk_copy();
+    let mut dst = destination(
+        ns,
+        "tcp:127.0.0.1:4413",
+        &scratch("mig-cut-lane.api"),
+        ["tap2", "tap3"],
+        &disk,
+        BASE_MEM,
+    );
+    dst.remove_on_drop(disk);
+    let proxy = cutting_proxy_of(ns, 4414, 4413, CUT_AFTER, 3, 2);
+    let (code, report) = migrate(ns, api, "tcp:127.0.0.1:4414", &["--connections", "3"]);
+    eprintln!("migration with a stream cut: {report}");
+    assert_eq!(
+        (code, report["phase"].as_str()),
+        (1, Some("failed")),
+        "{report}"
+    );
+    assert_error(&report, "stream 2 of 3");
+    assert_eq!(proxy.join().expect("the forwarder"), CUT_AFTER);
+    assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
+    let err = dst.stderr();
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("incoming migration"))
+        .collect();
+    assert!(
+        said.len() == 1 && said[0].contains("stream 2 of 3"),
+        "one line naming the stream: {err}"
+    );
+    still_running(src, api, sum, failures);
 }
 
 /// One that cannot converge: a 1 ms budget without auto-converge, sent
@@ -478,7 +547,7 @@ fn hopeless(ns: &NetNs, api: &Path, src: &mut TestVm, sum: &str) {
     );
     assert_eq!(report["throttle"], 0, "auto-converge was off: {report}");
     assert_eq!(dst.wait_exit(CMD).code(), Some(1), "{}", dst.stderr());
-    still_running(src, api, sum, 5);
+    still_running(src, api, sum, 6);
 }
 
 /// The dirtying guest (`tandem-dirty` at 16 MiB/s) moves over a Unix
@@ -513,6 +582,8 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
     // Every 50 ms: each echo costs the emulated guest kernel milliseconds
     // here, and 100 a second would load the guest more than the migration.
     let probe = [
+        "--connections",
+        "3",
         "--bandwidth",
         "8",
         "--probe",
@@ -528,6 +599,7 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
     eprintln!("migration: {report}");
     assert_completed(code, &report);
     check_report(&report, "thread", true);
+    assert_eq!(report["params"]["connections"], 3, "{report}");
     assert!(
         report["throttle"].as_u64().unwrap_or(0) > 0,
         "auto-converge throttled the guest (it dirties 16 MiB/s, sending is capped at 8): {report}"
@@ -535,6 +607,11 @@ fn dirtying_migration(ns: &NetNs, api: &Path, mut src: TestVm, image: &Path, sum
     check_probe(&report, &plot);
     source_gone(&mut src, "migrated to unix:");
     guest_goes_on(&mut dst, sum);
+    // Its 32 MiB, rewritten through every round over three streams: each
+    // page holds the last counter the guest gave it (an older copy of a
+    // page delivered after a newer one would show here).
+    let dirty = dst.ok("kill %1; wait %1; cat /tmp/dirty.out", CMD);
+    assert!(dirty.contains("every page holds its last write"), "{dirty}");
     phase("dirtying: the guest goes on");
     stream.check(&mut dst);
     phase("dirtying: the stream arrived");

@@ -18,7 +18,7 @@
 //!                                  -> {"ok":true,"logging":...,"pages":...,"kvm_pages":...,...}
 //! {"cmd":"migrate","to":"tcp:H:P"|"unix:PATH","downtime_ms":300,"bandwidth_mib":null,
 //!  "auto_converge":true,"timeout_s":600,"mode":"thread"|"inline",
-//!  "initially_set":true}
+//!  "initially_set":true,"connections":1}
 //!                                  -> {"ok":true,"migration":{status}} (started; fields optional)
 //! {"cmd":"migrate_status"}         -> {"ok":true,"migration":{"phase":...,"round":...,...}}
 //! {"cmd":"migrate_cancel"}         -> {"ok":true,"migration":{...}} (the guest runs on here)
@@ -155,6 +155,8 @@ pub enum Request {
         mode: crate::migrate::Mode,
         #[serde(default = "field::default_true")]
         initially_set: bool,
+        #[serde(default = "field::default_connections")]
+        connections: u16,
     },
     MigrateStatus {},
     MigrateCancel {},
@@ -243,6 +245,10 @@ mod field {
 
     pub fn default_true() -> bool {
         true
+    }
+
+    pub fn default_connections() -> u16 {
+        1
     }
 
     pub fn default_hz() -> u32 {
@@ -417,6 +423,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
             timeout_s,
             mode,
             initially_set,
+            connections,
         } => {
             let params = crate::migrate::Params {
                 downtime_ms,
@@ -425,6 +432,7 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
                 timeout_s,
                 mode,
                 initially_set,
+                connections,
             };
             answer(ctl.migrate(&to, params))
         }

@@ -56,6 +56,14 @@ fn all() -> Vec<Message> {
         Message::Ready,
         Message::Go,
         Message::Abandon("no".into()),
+        Message::Streams(streams::Streams {
+            count: 3,
+            token: [9; streams::TOKEN_BYTES],
+        }),
+        Message::Join(streams::Join {
+            index: 2,
+            token: [9; streams::TOKEN_BYTES],
+        }),
     ]
 }
 

@@ -172,8 +172,9 @@ fn requests_serialize_to_the_documented_lines_and_back() {
                 timeout_s: 600,
                 mode: crate::migrate::Mode::Inline,
                 initially_set: false,
+                connections: 4,
             },
-            r#"{"cmd":"migrate","to":"unix:/tmp/m","downtime_ms":300,"bandwidth_mib":128,"auto_converge":true,"timeout_s":600,"mode":"inline","initially_set":false}"#,
+            r#"{"cmd":"migrate","to":"unix:/tmp/m","downtime_ms":300,"bandwidth_mib":128,"auto_converge":true,"timeout_s":600,"mode":"inline","initially_set":false,"connections":4}"#,
         ),
     ] {
         assert_eq!(serde_json::to_string(&req).unwrap(), line);

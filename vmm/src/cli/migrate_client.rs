@@ -59,6 +59,14 @@ pub struct MigrateArgs {
     #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
           hide_possible_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     pub initially_set: bool,
+    /// Send the pages over this many streams at once (1 to 16), each by
+    /// its own thread, the final paused copy too; the destination applies
+    /// the state once every stream has delivered its share. Each stream is
+    /// authenticated as the first (TLS), and one that breaks fails the
+    /// migration (the guest runs on here).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub connections: u16,
     /// Measure what the guest feels: ping GUEST_IP from here (every
     /// --probe-interval-ms) and collect the gaps `tandem-jitter HOST_IP:PORT`, run in the guest,
     /// reports over UDP; the report adds before vs during figures. Runs in
@@ -105,6 +113,7 @@ impl MigrateArgs {
             timeout_s: self.timeout_s,
             mode: self.mode,
             initially_set: self.initially_set,
+            connections: self.connections,
         }
     }
 }

@@ -147,12 +147,14 @@ pub fn send_pages(
     let slicer = Slicer::thread();
     let stop = Stop {
         cancel: &never,
+        others_failed: None,
         progress: &|_| {},
         until: None,
         slicer: &slicer,
     };
     let uncapped = crate::migrate::Params::default();
-    pages::send_dirty(ram, conn, dirty, &uncapped, &mut sent, &stop)?;
+    let whole = pages::Share::WHOLE;
+    pages::send_dirty(ram, conn, dirty, &uncapped, whole, &mut sent, &stop)?;
     Ok(sent.bytes())
 }
 

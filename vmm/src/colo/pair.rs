@@ -163,6 +163,7 @@ fn sync(vm: &VmLink, params: &Params, side: &Side) -> Result<Conn, ColoError> {
         timeout_s: 600,
         mode: crate::migrate::Mode::Thread,
         initially_set: true,
+        connections: 1,
     };
     let status = Mutex::new(crate::migrate::Status::new(&params.to, &mparams));
     let synced =

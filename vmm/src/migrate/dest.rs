@@ -19,6 +19,7 @@ use vm_memory::{Bytes, GuestAddress};
 use devices::GuestMemoryMmap;
 use migration::Manifest;
 
+use super::joined::{self, Alone, Joiner, Listening};
 use super::{MigrateError, Refusal};
 use crate::boot::layout;
 use crate::streams::endpoint::{Conn, Endpoint, Listener};
@@ -181,7 +182,12 @@ fn receive(
         Some(a) => a,
         None => accept_source(listener)?,
     };
-    let (state, pages) = receive_checked(&mut conn, &theirs, vm.manifest(), vm.memory())?;
+    let mut joiner = Listening {
+        listener,
+        timeout: IO_TIMEOUT,
+    };
+    let (state, pages) =
+        receive_checked(&mut conn, &theirs, vm.manifest(), vm.memory(), &mut joiner)?;
     // The source released the disks' locks before it sent the state.
     if let Err(e) = vm.hold_disk_locks(true) {
         let _ = vm.hold_disk_locks(false);
@@ -211,8 +217,19 @@ pub fn receive_guest<S: Read + Write>(
     ours: &Manifest,
     mem: &GuestMemoryMmap,
 ) -> Result<(VmState, u64), MigrateError> {
+    receive_guest_joined(conn, ours, mem, &mut Alone)
+}
+
+/// [`receive_guest`] of a source that may use several streams, which
+/// `joiner` gives (what the multi-stream fuzz target runs).
+pub fn receive_guest_joined<S: Read + Write, J: Joiner>(
+    conn: &mut S,
+    ours: &Manifest,
+    mem: &GuestMemoryMmap,
+    joiner: &mut J,
+) -> Result<(VmState, u64), MigrateError> {
     let theirs = receive_config(conn)?;
-    receive_checked(conn, &theirs, ours, mem)
+    receive_checked(conn, &theirs, ours, mem, joiner)
 }
 
 /// The handshake and the source's manifest (its `Config`).
@@ -226,36 +243,31 @@ fn receive_config<S: Read + Write>(conn: &mut S) -> Result<Manifest, MigrateErro
     Ok(theirs)
 }
 
-/// [`receive_guest`] after the source's manifest `theirs` was read.
-fn receive_checked<S: Read + Write>(
+/// [`receive_guest`] after the source's manifest `theirs` was read: the
+/// other streams (if the source asks for them) from `joiner`.
+fn receive_checked<S: Read + Write, J: Joiner>(
     conn: &mut S,
     theirs: &Manifest,
     ours: &Manifest,
     mem: &GuestMemoryMmap,
+    joiner: &mut J,
 ) -> Result<(VmState, u64), MigrateError> {
     if let Err(e) = migration::manifest::check_source(theirs, ours) {
         return Err(refuse(conn, e.into()));
     }
     protocol::write_message(conn, &Message::Accept)?;
     let layout = layout::ram_ranges(ours.mem_bytes);
-    let mut pages = 0u64;
-    let image = loop {
-        match protocol::read_message(conn)? {
-            Message::Memory(batch) => {
-                batch.check(&layout)?;
-                pages += write_batch(mem, &batch)?;
+    let (others, first) = match protocol::read_message(conn)? {
+        Message::Streams(s) => match joiner.join(&s) {
+            Ok(others) => (others, protocol::read_message(conn)?),
+            Err(e) => {
+                let _ = protocol::write_message(conn, &Message::Abandon(e.to_string()));
+                return Err(e);
             }
-            Message::State(image) => break image,
-            Message::Abandon(why) => return Err(protocol::ProtocolError::Abandoned(why).into()),
-            other => {
-                return Err(protocol::ProtocolError::Unexpected {
-                    expected: "Memory or State",
-                    got: other.command().name(),
-                }
-                .into())
-            }
-        }
+        },
+        m => (Vec::new(), m),
     };
+    let (image, pages) = joined::receive(conn, first, others, &layout, mem, IO_TIMEOUT)?;
     let checked = crate::snapshot::load_image_for(Cursor::new(image), "the migration stream", ours);
     match checked {
         Ok(r) => Ok((r.state, pages)),

@@ -10,6 +10,8 @@
 
 pub mod dest;
 pub mod inline;
+pub mod joined;
+pub mod lanes;
 pub mod pages;
 pub mod source;
 pub mod status;
@@ -96,6 +98,21 @@ pub enum MigrateError {
     Refused(#[source] Refusal),
     #[error("cancelled")]
     Cancelled,
+    /// Another stream of a multi-stream round failed (its error is the
+    /// one reported).
+    #[error("another stream failed")]
+    OtherStream,
+    /// One stream of a multi-stream migration failed.
+    #[error("stream {index} of {of}: {source}")]
+    Lane {
+        index: usize,
+        of: usize,
+        #[source]
+        source: Box<MigrateError>,
+    },
+    /// The other streams of a multi-stream migration did not all arrive.
+    #[error("{0}")]
+    Join(String),
     #[error("not done after {0} s (--timeout-s)")]
     Timeout(u64),
 }

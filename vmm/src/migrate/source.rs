@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use migration::protocol::{self, Command, Message};
 
 use super::inline::Slicer;
-use super::pages::{self, Sent, Stop};
+use super::lanes::{self, Work};
+use super::pages::{self, Sent, Share, Stop};
 use super::status::{DowntimeParts, Mode, Params, Phase, Status};
 use super::MigrateError;
 use crate::streams::endpoint::{Conn, Endpoint};
@@ -37,6 +38,8 @@ const THROTTLE_FIRST: u8 = 20;
 const THROTTLE_STEP: u8 = 10;
 const THROTTLE_MAX: u8 = 99;
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a failed migration's `Abandon` may take to go out.
+const ABANDON_WAIT: Duration = Duration::from_secs(1);
 /// At most this many pre-copy rounds after the dirty set first fits the
 /// downtime budget (each one halves it at least).
 const MAX_SHRINK_ROUNDS: u32 = 5;
@@ -311,6 +314,22 @@ impl<'a> Run<'a> {
         )?;
         protocol::write_message(&mut conn, &Message::Config(self.vm.manifest().clone()))?;
         protocol::expect(&mut conn, Command::Accept)?;
+        match self.transfer(to, &mut conn) {
+            Ok(()) => Ok(conn),
+            Err(e) => {
+                // Tell the destination why, where the stream still takes
+                // it (a short wait: it may be what failed).
+                let _ = conn.set_timeouts(ABANDON_WAIT);
+                let _ = protocol::write_message(&mut conn, &Message::Abandon(e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Everything after the handshake, up to and including `Go`.
+    fn transfer(&mut self, to: &Endpoint, conn: &mut Conn) -> Result<(), MigrateError> {
+        let n = self.params.connections;
+        let mut others = lanes::open(self.vm.transport(), to, conn, n, IO_TIMEOUT)?;
         self.update(|s| {
             s.setup_ms = self.started.elapsed().as_secs_f64() * 1000.0;
             s.phase = Phase::PreCopy;
@@ -326,17 +345,62 @@ impl<'a> Run<'a> {
             s.log_start_ms = t.elapsed().as_secs_f64() * 1000.0;
             s.log_all_dirty = all_dirty;
         });
-        let progress = progress_to(self.status);
-        let stop = pre_copy_stop(self, &progress);
-        pages::send_all(ram, &mut conn, self.params, &mut self.sent, &stop)?;
+        self.send_round(conn, &mut others, Work::All, false)?;
         self.round_done(0);
-        let pending = self.precopy(&mut conn)?;
-        self.stop_and_copy(&mut conn, pending)?;
-        protocol::write_message(&mut conn, &Message::Go)?;
+        let pending = self.precopy(conn, &mut others)?;
+        self.stop_and_copy(conn, &mut others, pending)?;
+        protocol::write_message(conn, &Message::Go)?;
         if self.keep && self.paused_at.is_some() {
             self.vm.resume()?;
         }
-        Ok(conn)
+        Ok(())
+    }
+
+    /// One round's pages: on the one stream (sliced in `--mode inline`),
+    /// or spread over the streams, each its share on its own thread. The
+    /// stop-and-copy's (`last`) is neither capped, cut short nor sliced
+    /// (QEMU too flushes its last round regardless of its rate limit; the
+    /// estimate that chose the moment used the capped rate, so the
+    /// downtime only gets shorter).
+    fn send_round(
+        &mut self,
+        conn: &mut Conn,
+        others: &mut [Conn],
+        work: Work,
+        last: bool,
+    ) -> Result<(), MigrateError> {
+        let progress = progress_to(self.status);
+        let uncapped = Params {
+            bandwidth_mib: None,
+            ..self.params.clone()
+        };
+        let params = if last { &uncapped } else { self.params };
+        let until = (!last).then(|| deadline(self));
+        let ram = self.vm.ram();
+        if others.is_empty() {
+            let unsliced = Slicer::thread();
+            let stop = Stop {
+                cancel: self.cancel,
+                others_failed: None,
+                progress: &progress,
+                until,
+                slicer: if last { &unsliced } else { self.slicer },
+            };
+            let (whole, sent) = (Share::WHOLE, &mut self.sent);
+            return match work {
+                Work::All => pages::send_all(ram, conn, params, whole, sent, &stop),
+                Work::Dirty(d) => pages::send_dirty(ram, conn, d, params, whole, sent, &stop),
+            };
+        }
+        let round = lanes::Round {
+            ram,
+            params,
+            cancel: self.cancel,
+            until,
+            progress: &progress,
+            commit: last,
+        };
+        lanes::send(&round, conn, others, work, &mut self.sent)
     }
 
     /// Rounds while the last dirty set would take longer than the downtime
@@ -351,6 +415,7 @@ impl<'a> Run<'a> {
     fn precopy(
         &mut self,
         conn: &mut Conn,
+        others: &mut [Conn],
     ) -> Result<Vec<crate::vstate::memory::DirtyBitmap>, MigrateError> {
         let ram = self.vm.ram();
         let mut round = 1;
@@ -389,9 +454,7 @@ impl<'a> Run<'a> {
                 self.converge(dirty_rate, sent_rate, window)?;
             }
             last_set = Some(bytes);
-            let progress = progress_to(self.status);
-            let stop = pre_copy_stop(self, &progress);
-            pages::send_dirty(ram, conn, &dirty, self.params, &mut self.sent, &stop)?;
+            self.send_round(conn, others, Work::Dirty(&dirty), false)?;
             self.round_done(round);
             round += 1;
         }
@@ -434,6 +497,7 @@ impl<'a> Run<'a> {
     fn stop_and_copy(
         &mut self,
         conn: &mut Conn,
+        others: &mut [Conn],
         pending: Vec<crate::vstate::memory::DirtyBitmap>,
     ) -> Result<(), MigrateError> {
         self.check_going()?;
@@ -460,24 +524,9 @@ impl<'a> Run<'a> {
         for (l, p) in last.iter_mut().zip(&pending) {
             crate::vstate::memory::or_into(&mut l.bits, &p.bits);
         }
-        let progress = progress_to(self.status);
-        let unsliced = Slicer::thread();
-        let never = Stop {
-            cancel: self.cancel,
-            progress: &progress,
-            until: None,
-            slicer: &unsliced,
-        };
         // The cap protects the network while the guest runs; with the guest
-        // paused the last pages go as fast as the stream takes them (QEMU
-        // too flushes its last round regardless of its rate limit). The
-        // estimate that chose this moment used the capped rate, so the
-        // downtime only gets shorter.
-        let uncapped = Params {
-            bandwidth_mib: None,
-            ..self.params.clone()
-        };
-        pages::send_dirty(ram, conn, &last, &uncapped, &mut self.sent, &never)?;
+        // paused the last pages go as fast as the streams take them.
+        self.send_round(conn, others, Work::Dirty(&last), true)?;
         lap(&mut parts.pages_ms);
         let state = self.vm.capture_state()?;
         let image = crate::snapshot::state_image(&state)?;
@@ -574,13 +623,19 @@ fn stop_and_copy_now(within: bool, bytes: u64, last_set: Option<u64>, shrink_rou
     }
 }
 
+/// The pre-copy's time limit, and its value in seconds.
+fn deadline(run: &Run) -> (Instant, u64) {
+    let limit = Duration::from_secs(run.params.timeout_s);
+    (run.started + limit, run.params.timeout_s)
+}
+
 /// Cancel, time limit and slices, for the pre-copy.
 fn pre_copy_stop<'s>(run: &Run<'s>, progress: &'s dyn Fn(&Sent)) -> Stop<'s> {
-    let limit = Duration::from_secs(run.params.timeout_s);
     Stop {
         cancel: run.cancel,
+        others_failed: None,
         progress,
-        until: Some((run.started + limit, run.params.timeout_s)),
+        until: Some(deadline(run)),
         slicer: run.slicer,
     }
 }

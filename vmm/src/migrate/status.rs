@@ -22,6 +22,9 @@ fn default_timeout() -> u64 {
 fn default_true() -> bool {
     true
 }
+fn default_connections() -> u16 {
+    1
+}
 
 /// How to migrate (the `migrate` verb's fields but the address).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +53,10 @@ pub struct Params {
     /// Off: all protected at once (to measure the difference).
     #[serde(default = "default_true")]
     pub initially_set: bool,
+    /// Streams the pages go over (1 to 16), each sent by its own thread:
+    /// runs of pages dealt round-robin, the stop-and-copy's too.
+    #[serde(default = "default_connections")]
+    pub connections: u16,
 }
 
 /// Where the migration's work runs (see `migrate::inline`).
@@ -82,6 +89,7 @@ impl Default for Params {
             timeout_s: DEFAULT_TIMEOUT_S,
             mode: Mode::Thread,
             initially_set: true,
+            connections: 1,
         }
     }
 }
@@ -97,6 +105,15 @@ impl Params {
         }
         if self.timeout_s == 0 {
             return Err("timeout_s must be at least 1".into());
+        }
+        let most = migration::protocol::streams::MAX_STREAMS;
+        if !(1..=most).contains(&self.connections) {
+            return Err(format!("connections must be 1 to {most}"));
+        }
+        if self.connections > 1 && self.mode == Mode::Inline {
+            return Err(
+                "connections above 1 need mode thread (inline, the device loop sends alone)".into(),
+            );
         }
         Ok(())
     }
