@@ -12,6 +12,7 @@ pub mod fixtures;
 pub mod frames;
 pub mod mmio;
 pub mod pci;
+pub mod postcopy;
 pub mod restore;
 pub mod stream;
 pub mod virtq;

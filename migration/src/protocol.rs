@@ -41,6 +41,11 @@
 //! Streams  2 stream count N (2 to 16), 16 token: N streams in all
 //! Join     2 stream index (1 to N - 1), 16 token: this stream is one of
 //!          them (the first message after its Hello)
+//! Postcopy 4 span count N; N x (8 gpa, 4 pages): pages the destination
+//!          lacks and fetches after the switch (one or more, before State)
+//! PageRequest  8 gpa: the destination's guest faulted on this page
+//! Done     6 x 8: faults, requested, background pages, and a fault's wait
+//!          p50, p99, max in µs: the destination holds every page
 //!
 //! COLO (a primary/secondary pair on one stream, after Go; see below):
 //! Protect     4 heartbeat interval ms, 4 heartbeat timeout ms, 2 page
@@ -91,6 +96,24 @@
 //! that breaks fails the migration; the source sends `Abandon` on the main
 //! stream (if it can) and runs the guest on.
 //!
+//! Post-copy replaces the stop-and-copy's pages with `Postcopy` (the pages
+//! still to fetch, at least one message, perhaps empty); after `Go` the
+//! stream goes on:
+//!
+//! ```text
+//! source (migration thread)              destination (incoming thread)
+//!   Postcopy x n, State --------------->   stale pages dropped, RAM under
+//!   <------------------------------------  Ready      a userfaultfd
+//!   Go -------------------------------->   runs the guest
+//!   <------------------------------------  PageRequest x n (its faults)
+//!   Memory x n (asked first, the rest -->  each missing page placed
+//!   in the background)
+//!   Commit (every page sent) ---------->
+//!   <------------------------------------  Done (what the guest waited)
+//! ```
+//!
+//! After `Go` neither side alone holds the guest: a failure loses it.
+//!
 //! A COLO pair starts as a migration whose source keeps its guest: after
 //! `Go` both run, and the stream goes on:
 //!
@@ -140,6 +163,7 @@ use std::io::{self, Read, Write};
 use crate::manifest::Manifest;
 
 pub mod colo;
+pub mod postcopy;
 pub mod streams;
 
 /// The first bytes of a migration stream.
@@ -238,6 +262,9 @@ pub enum Command {
     DiskWrite = 16,
     Streams = 17,
     Join = 18,
+    Postcopy = 19,
+    PageRequest = 20,
+    Done = 21,
 }
 
 impl Command {
@@ -261,6 +288,9 @@ impl Command {
             16 => Command::DiskWrite,
             17 => Command::Streams,
             18 => Command::Join,
+            19 => Command::Postcopy,
+            20 => Command::PageRequest,
+            21 => Command::Done,
             other => return Err(ProtocolError::UnknownCommand(other)),
         })
     }
@@ -286,6 +316,9 @@ impl Command {
             Command::DiskWrite => "DiskWrite",
             Command::Streams => "Streams",
             Command::Join => "Join",
+            Command::Postcopy => "Postcopy",
+            Command::PageRequest => "PageRequest",
+            Command::Done => "Done",
         }
     }
 }
@@ -359,7 +392,9 @@ impl MemoryBatch {
 /// A protocol message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
-    Hello { version: u32 },
+    Hello {
+        version: u32,
+    },
     Config(Manifest),
     Accept,
     Memory(MemoryBatch),
@@ -369,7 +404,9 @@ pub enum Message {
     Abandon(String),
     Protect(colo::Timing),
     Heartbeat,
-    Checkpoint { epoch: u64 },
+    Checkpoint {
+        epoch: u64,
+    },
     Dirty(Vec<colo::Span>),
     Commit,
     Committed,
@@ -377,6 +414,12 @@ pub enum Message {
     DiskWrite(colo::DiskWrite),
     Streams(streams::Streams),
     Join(streams::Join),
+    /// The pages the destination must fetch after the switch.
+    Postcopy(Vec<colo::Span>),
+    /// The destination's guest faulted on this page.
+    PageRequest(u64),
+    /// The destination holds every page.
+    Done(postcopy::Stalls),
 }
 
 impl Message {
@@ -401,6 +444,9 @@ impl Message {
             Message::DiskWrite(_) => Command::DiskWrite,
             Message::Streams(_) => Command::Streams,
             Message::Join(_) => Command::Join,
+            Message::Postcopy(_) => Command::Postcopy,
+            Message::PageRequest(_) => Command::PageRequest,
+            Message::Done(_) => Command::Done,
         }
     }
 
@@ -431,6 +477,9 @@ impl Message {
             Message::DiskWrite(w) => w.encode(),
             Message::Streams(s) => s.encode(),
             Message::Join(j) => j.encode(),
+            Message::Postcopy(spans) => colo::encode_spans(spans),
+            Message::PageRequest(gpa) => postcopy::encode_request(*gpa),
+            Message::Done(s) => s.encode(),
         })
     }
 }
@@ -564,7 +613,10 @@ fn decode(command: Command, p: Vec<u8>) -> Result<Message> {
                 command: "Checkpoint",
                 msg: format!("{} bytes", p.len()),
             }),
-        Command::Dirty => colo::decode_spans(&p).map(Message::Dirty),
+        Command::Dirty => colo::decode_spans("Dirty", &p).map(Message::Dirty),
+        Command::Postcopy => colo::decode_spans("Postcopy", &p).map(Message::Postcopy),
+        Command::PageRequest => postcopy::decode_request(&p).map(Message::PageRequest),
+        Command::Done => postcopy::Stalls::decode(&p).map(Message::Done),
         Command::Disks => colo::decode_sums(&p).map(Message::Disks),
         Command::DiskWrite => colo::DiskWrite::decode(p).map(Message::DiskWrite),
         Command::Streams => streams::Streams::decode(&p).map(Message::Streams),

@@ -431,11 +431,23 @@ impl TestVm {
     }
 
     fn restore_from(b: &Base, ns: &NetNs, taps: [&str; 2], copy: &Path, extra: &[&str]) -> TestVm {
+        Self::restore_saved_on(&b.snapshot, ns, taps, copy, extra)
+    }
+
+    /// [`TestVm::restore_base_on`] of `snapshot`, a snapshot a test took of
+    /// a guest restored from the base (its devices are the base's).
+    pub fn restore_saved_on(
+        snapshot: &Path,
+        ns: &NetNs,
+        taps: [&str; 2],
+        copy: &Path,
+        extra: &[&str],
+    ) -> TestVm {
         let nets = [net_arg(0, taps[0]), net_arg(1, taps[1])];
         let disk = disk_arg(copy);
         let mut args = vec![
             "--restore",
-            b.snapshot.to_str().expect("UTF-8 path"),
+            snapshot.to_str().expect("UTF-8 path"),
             "--net",
             &nets[0],
             "--net",
@@ -448,8 +460,8 @@ impl TestVm {
         let mut vm = TestVm::start_with(ns.command(tandem_bin().to_str().unwrap()), &args);
         vm.ok("true", crate::CMD_TIMEOUT);
         eprintln!(
-            "restored the base guest ({}) in {:.1} s",
-            b.snapshot.display(),
+            "restored {} in {:.1} s",
+            snapshot.display(),
             t.elapsed().as_secs_f64()
         );
         vm

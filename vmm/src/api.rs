@@ -18,10 +18,11 @@
 //!                                  -> {"ok":true,"logging":...,"pages":...,"kvm_pages":...,...}
 //! {"cmd":"migrate","to":"tcp:H:P"|"unix:PATH","downtime_ms":300,"bandwidth_mib":null,
 //!  "auto_converge":true,"timeout_s":600,"mode":"thread"|"inline",
-//!  "initially_set":true,"connections":1}
+//!  "initially_set":true,"connections":1,"postcopy":false,"postcopy_after_rounds":null}
 //!                                  -> {"ok":true,"migration":{status}} (started; fields optional)
 //! {"cmd":"migrate_status"}         -> {"ok":true,"migration":{"phase":...,"round":...,...}}
 //! {"cmd":"migrate_cancel"}         -> {"ok":true,"migration":{...}} (the guest runs on here)
+//! {"cmd":"migrate_postcopy"}       -> {"ok":true,"migration":{...}} (switches at the next look)
 //! {"cmd":"colo_start","to":"tcp:H:P"|"unix:PATH","checkpoint_period_ms":20000,
 //!  "heartbeat_ms":100,"heartbeat_timeout_ms":1000,"lease":"/tmp/F.lock"
 //!  |"arbiter":"etcd:http://H:P/KEY","lease_ttl_s":3,
@@ -157,8 +158,14 @@ pub enum Request {
         initially_set: bool,
         #[serde(default = "field::default_connections")]
         connections: u16,
+        #[serde(default)]
+        postcopy: bool,
+        #[serde(default)]
+        postcopy_after_rounds: Option<u32>,
     },
     MigrateStatus {},
+    /// Switches the migration under way to post-copy at its next look.
+    MigratePostcopy {},
     MigrateCancel {},
     /// Makes this running VM the primary of a COLO pair with the secondary
     /// waiting at `to` (`tandem run --colo secondary`); answers at once.
@@ -324,6 +331,10 @@ pub trait Control {
     fn migrate_cancel(&mut self) -> Result<Value, ControlError> {
         Err(VmOpError::Unavailable("migration").into())
     }
+    /// Switches the migration under way to post-copy.
+    fn migrate_postcopy(&mut self) -> Result<Value, ControlError> {
+        Err(VmOpError::Unavailable("migration").into())
+    }
     /// Starts a COLO pair with this VM as its primary.
     fn colo_start(
         &mut self,
@@ -415,27 +426,8 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         Request::ProfileStop { path } => answer(ctl.profile_stop(&path)),
         Request::Throttle { percent } => answer(ctl.throttle(percent)),
         Request::DirtyLog { action } => answer(ctl.dirty_log(action)),
-        Request::Migrate {
-            to,
-            downtime_ms,
-            bandwidth_mib,
-            auto_converge,
-            timeout_s,
-            mode,
-            initially_set,
-            connections,
-        } => {
-            let params = crate::migrate::Params {
-                downtime_ms,
-                bandwidth_mib,
-                auto_converge,
-                timeout_s,
-                mode,
-                initially_set,
-                connections,
-            };
-            answer(ctl.migrate(&to, params))
-        }
+        r @ Request::Migrate { .. } => answer(migrate(ctl, r)),
+        Request::MigratePostcopy {} => answer(ctl.migrate_postcopy()),
         Request::MigrateStatus {} => answer(ctl.migrate_status()),
         Request::MigrateCancel {} => answer(ctl.migrate_cancel()),
         Request::ColoStart {
@@ -459,6 +451,37 @@ pub fn handle_line(line: &[u8], ctl: &mut dyn Control) -> Value {
         Request::ColoFailover {} => answer(ctl.colo(ColoAsk::Failover)),
         Request::ColoCheckpoint {} => answer(ctl.colo(ColoAsk::Checkpoint)),
     }
+}
+
+/// A `migrate` request's migration, started.
+fn migrate(ctl: &mut dyn Control, r: Request) -> Result<Value, ControlError> {
+    let Request::Migrate {
+        to,
+        downtime_ms,
+        bandwidth_mib,
+        auto_converge,
+        timeout_s,
+        mode,
+        initially_set,
+        connections,
+        postcopy,
+        postcopy_after_rounds,
+    } = r
+    else {
+        return Err(VmOpError::Unavailable("migration").into());
+    };
+    let params = crate::migrate::Params {
+        downtime_ms,
+        bandwidth_mib,
+        auto_converge,
+        timeout_s,
+        mode,
+        initially_set,
+        connections,
+        postcopy,
+        postcopy_after_rounds,
+    };
+    ctl.migrate(&to, params)
 }
 
 /// The pair of `pair` with the secondary at `to`.

@@ -204,6 +204,24 @@ impl Control for VmControl {
         self.migration_json()
     }
 
+    fn migrate_postcopy(&mut self) -> Result<Value, ControlError> {
+        match &self.migration {
+            Some(m) if m.active() && m.status().phase == crate::migrate::Phase::PreCopy => {
+                if m.status().params.mode == crate::migrate::Mode::Inline {
+                    let why = "post-copy needs mode thread".to_string();
+                    return Err(ControlError::migration(Refused::Invalid(why)));
+                }
+                m.switch_to_postcopy()
+            }
+            Some(m) if m.active() => {
+                let why = "the migration is past its pre-copy".to_string();
+                return Err(ControlError::migration(Refused::Invalid(why)));
+            }
+            _ => return Err(ControlError::migration(Refused::NoneUnderWay)),
+        }
+        self.migration_json()
+    }
+
     fn colo_start(
         &mut self,
         params: crate::colo::Params,

@@ -309,6 +309,13 @@ impl MutEventSubscriber for MigrationWatcher {
         };
         match s.phase {
             Phase::Completed => self.vm.exit().signal(VmExit::Migrated(s.to)),
+            // After the switch to post-copy the guest ran there: it must
+            // never run here again.
+            _ if s.lost => self.vm.exit().signal(VmExit::Lost(format!(
+                "migration to {} failed in post-copy: {}",
+                s.to,
+                s.error.as_deref().unwrap_or("?")
+            ))),
             phase => eprintln!(
                 "tandem: migration to {} {}: {}; the guest runs on here",
                 s.to,

@@ -88,11 +88,8 @@ pub(super) fn encode_spans(spans: &[Span]) -> Vec<u8> {
     p
 }
 
-pub(super) fn decode_spans(p: &[u8]) -> Result<Vec<Span>, ProtocolError> {
-    let malformed = |msg: String| ProtocolError::Malformed {
-        command: "Dirty",
-        msg,
-    };
+pub(super) fn decode_spans(command: &'static str, p: &[u8]) -> Result<Vec<Span>, ProtocolError> {
+    let malformed = |msg: String| ProtocolError::Malformed { command, msg };
     let (count, rest) = p
         .split_first_chunk::<4>()
         .ok_or_else(|| malformed("no span count".into()))?;
@@ -293,10 +290,10 @@ mod tests {
         assert!(Timing::decode(&[100, 0, 0, 0, 0xe8, 3, 0, 0, 17, 0]).is_err());
         assert!(Timing::decode(&[100, 0, 0, 0, 0xe8, 3, 0, 0, 1]).is_err());
         // Count and bytes disagree; an empty span; a huge count.
-        assert!(decode_spans(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]).is_err());
-        assert!(decode_spans(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
-        assert!(decode_spans(&[0xff, 0xff, 0xff, 0xff]).is_err());
-        assert!(decode_spans(&[]).is_err());
+        assert!(decode_spans("Dirty", &[2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]).is_err());
+        assert!(decode_spans("Dirty", &[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(decode_spans("Dirty", &[0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(decode_spans("Dirty", &[]).is_err());
         assert!(decode_sums(&[1, 0, 0, 0]).is_err());
         assert!(decode_sums(&[65, 0, 0, 0]).is_err());
         // No data; too much data.

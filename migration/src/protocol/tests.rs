@@ -64,6 +64,15 @@ fn all() -> Vec<Message> {
             index: 2,
             token: [9; streams::TOKEN_BYTES],
         }),
+        Message::Postcopy(vec![colo::Span {
+            gpa: 0x2000,
+            pages: 3,
+        }]),
+        Message::PageRequest(0x7000),
+        Message::Done(postcopy::Stalls {
+            faults: 3,
+            ..Default::default()
+        }),
     ]
 }
 

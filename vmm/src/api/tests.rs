@@ -173,9 +173,12 @@ fn requests_serialize_to_the_documented_lines_and_back() {
                 mode: crate::migrate::Mode::Inline,
                 initially_set: false,
                 connections: 4,
+                postcopy: true,
+                postcopy_after_rounds: Some(3),
             },
-            r#"{"cmd":"migrate","to":"unix:/tmp/m","downtime_ms":300,"bandwidth_mib":128,"auto_converge":true,"timeout_s":600,"mode":"inline","initially_set":false,"connections":4}"#,
+            r#"{"cmd":"migrate","to":"unix:/tmp/m","downtime_ms":300,"bandwidth_mib":128,"auto_converge":true,"timeout_s":600,"mode":"inline","initially_set":false,"connections":4,"postcopy":true,"postcopy_after_rounds":3}"#,
         ),
+        (Request::MigratePostcopy {}, r#"{"cmd":"migrate_postcopy"}"#),
     ] {
         assert_eq!(serde_json::to_string(&req).unwrap(), line);
         assert_eq!(Request::parse(line.as_bytes()).unwrap(), req, "{line}");

@@ -91,6 +91,10 @@ pub enum Verb {
     MigrateStatus,
     /// Cancel the migration under way; the guest runs on here.
     MigrateCancel,
+    /// Switch the migration under way to post-copy at its next look at the
+    /// dirty log (thread mode): the destination runs the guest and fetches
+    /// what it lacks from here. From then on a broken link loses the guest.
+    MigratePostcopy,
     /// Make this running VM the primary of a COLO pair with the secondary
     /// waiting at ADDR (`tandem run --colo secondary --colo-listen ADDR`):
     /// a full sync first (a migration that keeps the guest here), then a
@@ -279,6 +283,7 @@ fn request(verb: &Verb) -> Result<Request, String> {
         Verb::Migrate(m) => m.request(),
         Verb::MigrateStatus => Request::MigrateStatus {},
         Verb::MigrateCancel => Request::MigrateCancel {},
+        Verb::MigratePostcopy => Request::MigratePostcopy {},
         Verb::ColoStart { .. } | Verb::ColoReprotect { .. } => pair_request(verb)?,
         Verb::ColoStatus => Request::ColoStatus {},
         Verb::ColoFailover => Request::ColoFailover {},

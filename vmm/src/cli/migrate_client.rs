@@ -67,6 +67,19 @@ pub struct MigrateArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=16))]
     pub connections: u16,
+    /// Switch to post-copy when the pre-copy rounds stop shrinking the
+    /// dirty set: the destination runs the guest at once and fetches its
+    /// missing pages from here on demand (faulted ones first, the rest in
+    /// the background), so any workload ends in bounded time. Once it
+    /// switched, neither side alone holds the guest: a broken link loses
+    /// it. `tandem ctl migrate-postcopy` switches by hand.
+    #[arg(long)]
+    pub postcopy: bool,
+    /// With --postcopy: switch after this many rounds at the latest
+    /// (round 0, all of memory, counts).
+    #[arg(long, value_name = "N", requires = "postcopy",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub postcopy_after_rounds: Option<u32>,
     /// Measure what the guest feels: ping GUEST_IP from here (every
     /// --probe-interval-ms) and collect the gaps `tandem-jitter HOST_IP:PORT`, run in the guest,
     /// reports over UDP; the report adds before vs during figures. Runs in
@@ -114,6 +127,8 @@ impl MigrateArgs {
             mode: self.mode,
             initially_set: self.initially_set,
             connections: self.connections,
+            postcopy: self.postcopy,
+            postcopy_after_rounds: self.postcopy_after_rounds,
         }
     }
 }
@@ -265,6 +280,28 @@ pub fn progress_line(m: &Value) -> String {
     )
 }
 
+/// The post-copy part of the report (nothing without one).
+fn postcopy_text(p: &Value) -> String {
+    if !p.is_object() {
+        return String::new();
+    }
+    let g = |k: &str| p[k].as_f64().unwrap_or(0.0);
+    format!(
+        "  post-copy from round {}: {} of {} pages sent after the switch ({} asked for), all \
+         there after {:.0} ms\n  the destination's guest waited on {} faults: p50 {:.1} ms, \
+         p99 {:.1} ms, max {:.1} ms\n  the source kept the guest's memory until then\n",
+        p["switched_at_round"],
+        p["sent_pages"],
+        p["needed_pages"],
+        p["requested_pages"],
+        g("fetch_ms"),
+        p["faults"],
+        g("fault_p50_ms"),
+        g("fault_p99_ms"),
+        g("fault_max_ms"),
+    )
+}
+
 /// The end report, as text.
 pub fn report_text(m: &Value) -> String {
     let f = |k: &str| m[k].as_f64().unwrap_or(0.0);
@@ -274,7 +311,12 @@ pub fn report_text(m: &Value) -> String {
         m["phase"].as_str().unwrap_or("?")
     );
     if let Some(e) = m["error"].as_str() {
-        out += &format!("  error: {e}\n  the guest runs on at the source\n");
+        let fate = if m["lost"].as_bool() == Some(true) {
+            "the guest is lost: it ran at the destination since the switch to post-copy"
+        } else {
+            "the guest runs on at the source"
+        };
+        out += &format!("  error: {e}\n  {fate}\n");
     }
     out += &format!(
         "  total {:.0} ms, setup {:.0} ms, dirty log started in {:.2} ms ({})",
@@ -316,6 +358,7 @@ pub fn report_text(m: &Value) -> String {
         m["rounds"],
         m["throttle"],
     );
+    out += &postcopy_text(&m["postcopy"]);
     if let Some(t) = m["probe"]["text"].as_str() {
         out += t;
     }

@@ -175,6 +175,7 @@ fn finish(ended: Result<VmExit, RunError>) -> ExitCode {
                 VmExit::IncomingFailed(msg) => eprintln!("tandem: error: {msg}"),
                 VmExit::Retired(msg) => eprintln!("tandem: COLO: this secondary retires: {msg}"),
                 VmExit::Fenced(msg) => eprintln!("tandem: COLO: fenced: {msg}"),
+                VmExit::Lost(msg) => eprintln!("tandem: the guest is lost: {msg}"),
                 other => log::info!("guest ended: {other:?}"),
             }
             ExitCode::from(why.status() as u8)

@@ -164,6 +164,8 @@ fn sync(vm: &VmLink, params: &Params, side: &Side) -> Result<Conn, ColoError> {
         mode: crate::migrate::Mode::Thread,
         initially_set: true,
         connections: 1,
+        postcopy: false,
+        postcopy_after_rounds: None,
     };
     let status = Mutex::new(crate::migrate::Status::new(&params.to, &mparams));
     let synced =

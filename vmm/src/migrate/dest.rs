@@ -20,6 +20,7 @@ use devices::GuestMemoryMmap;
 use migration::Manifest;
 
 use super::joined::{self, Alone, Joiner, Listening};
+use super::postcopy;
 use super::{MigrateError, Refusal};
 use crate::boot::layout;
 use crate::streams::endpoint::{Conn, Endpoint, Listener};
@@ -135,6 +136,9 @@ fn spawn_from(
                         None => announce(&vm),
                     }
                 }
+                Err(e @ MigrateError::Lost { .. }) => vm
+                    .exit()
+                    .signal(VmExit::Lost(format!("incoming migration from {from}: {e}"))),
                 Err(e) => vm
                     .exit()
                     .signal(VmExit::IncomingFailed(format!("incoming migration: {e}"))),
@@ -186,7 +190,7 @@ fn receive(
         listener,
         timeout: IO_TIMEOUT,
     };
-    let (state, pages) =
+    let (state, pages, spans) =
         receive_checked(&mut conn, &theirs, vm.manifest(), vm.memory(), &mut joiner)?;
     // The source released the disks' locks before it sent the state.
     if let Err(e) = vm.hold_disk_locks(true) {
@@ -197,6 +201,14 @@ fn receive(
         let _ = vm.hold_disk_locks(false);
         return Err(refuse(&mut conn, e.into()));
     }
+    let fetch = match spans.map(|spans| prepare_postcopy(vm, &spans, resume)) {
+        None => None,
+        Some(Ok(f)) => Some(f),
+        Some(Err(e)) => {
+            let _ = vm.hold_disk_locks(false);
+            return Err(refuse(&mut conn, Refusal::Here(Box::new(e))));
+        }
+    };
     protocol::write_message(&mut conn, &Message::Ready)?;
     protocol::expect(&mut conn, Command::Go)?;
     let go = Instant::now();
@@ -204,7 +216,59 @@ fn receive(
         return Ok((pages, conn, None));
     }
     vm.resume()?;
-    Ok((pages, conn, Some(go.elapsed())))
+    let resumed_in = go.elapsed();
+    if let Some(f) = fetch {
+        // Announced now, not once every page is here.
+        let v = vm.clone();
+        let _ = std::thread::Builder::new()
+            .name("announce".into())
+            .spawn(move || announce(&v));
+        fetch_postcopy(&f, &mut conn)?;
+    }
+    Ok((pages, conn, Some(resumed_in)))
+}
+
+/// Before the guest runs here in post-copy: the pages of `spans` will be
+/// fetched on demand (not into a COLO secondary, whose guest stays paused).
+fn prepare_postcopy(
+    vm: &VmHandle,
+    spans: &[migration::protocol::colo::Span],
+    resume: bool,
+) -> Result<postcopy::fetch::Fetch, MigrateError> {
+    if !resume {
+        return Err(MigrateError::Join(
+            "a COLO secondary takes no post-copy".into(),
+        ));
+    }
+    let layout = layout::ram_ranges(vm.manifest().mem_bytes);
+    postcopy::fetch::prepare(vm.memory(), spans, &layout)
+}
+
+/// With the guest running here: fetches its missing pages, tells the
+/// source what the guest waited, and says so; a failure loses the guest.
+fn fetch_postcopy(f: &postcopy::fetch::Fetch, conn: &mut Conn) -> Result<(), MigrateError> {
+    let t = Instant::now();
+    let missing = f.left();
+    eprintln!(
+        "tandem: post-copy: the guest runs here; {missing} of its pages are still at the source"
+    );
+    let lost = |e: MigrateError| MigrateError::Lost {
+        missing: f.left(),
+        source: Box::new(e),
+    };
+    let stalls = postcopy::fetch::fetch(f, conn).map_err(lost)?;
+    protocol::write_message(conn, &Message::Done(stalls)).map_err(|e| lost(e.into()))?;
+    let ms = |us: u64| us as f64 / 1000.0;
+    eprintln!(
+        "tandem: post-copy: all {missing} pages here after {:.0} ms; {} faults waited for the \
+         link (p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms)",
+        t.elapsed().as_secs_f64() * 1000.0,
+        stalls.faults,
+        ms(stalls.p50_us),
+        ms(stalls.p99_us),
+        ms(stalls.max_us)
+    );
+    Ok(())
 }
 
 /// The part of a receive that needs no KVM (what the fuzz target runs):
@@ -229,7 +293,7 @@ pub fn receive_guest_joined<S: Read + Write, J: Joiner>(
     joiner: &mut J,
 ) -> Result<(VmState, u64), MigrateError> {
     let theirs = receive_config(conn)?;
-    receive_checked(conn, &theirs, ours, mem, joiner)
+    receive_checked(conn, &theirs, ours, mem, joiner).map(|(state, pages, _)| (state, pages))
 }
 
 /// The handshake and the source's manifest (its `Config`).
@@ -244,14 +308,15 @@ fn receive_config<S: Read + Write>(conn: &mut S) -> Result<Manifest, MigrateErro
 }
 
 /// [`receive_guest`] after the source's manifest `theirs` was read: the
-/// other streams (if the source asks for them) from `joiner`.
+/// other streams (if the source asks for them) from `joiner`. With
+/// post-copy, also the pages still to fetch.
 fn receive_checked<S: Read + Write, J: Joiner>(
     conn: &mut S,
     theirs: &Manifest,
     ours: &Manifest,
     mem: &GuestMemoryMmap,
     joiner: &mut J,
-) -> Result<(VmState, u64), MigrateError> {
+) -> Result<(VmState, u64, Option<Vec<migration::protocol::colo::Span>>), MigrateError> {
     if let Err(e) = migration::manifest::check_source(theirs, ours) {
         return Err(refuse(conn, e.into()));
     }
@@ -267,10 +332,11 @@ fn receive_checked<S: Read + Write, J: Joiner>(
         },
         m => (Vec::new(), m),
     };
-    let (image, pages) = joined::receive(conn, first, others, &layout, mem, IO_TIMEOUT)?;
-    let checked = crate::snapshot::load_image_for(Cursor::new(image), "the migration stream", ours);
+    let got = joined::receive(conn, first, others, &layout, mem, IO_TIMEOUT)?;
+    let checked =
+        crate::snapshot::load_image_for(Cursor::new(got.image), "the migration stream", ours);
     match checked {
-        Ok(r) => Ok((r.state, pages)),
+        Ok(r) => Ok((r.state, got.pages, got.postcopy)),
         Err(e) => Err(refuse(conn, e.into())),
     }
 }

@@ -19,6 +19,7 @@ use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use migration::protocol::colo::Span;
 use migration::protocol::streams::Streams;
 use migration::protocol::{self, Message, ProtocolError};
 
@@ -179,6 +180,16 @@ impl<T: Read> Read for Patient<'_, T> {
     }
 }
 
+/// What the streams delivered: the state image, the pages written, and
+/// with post-copy the pages still to fetch.
+#[derive(Debug)]
+pub struct Received {
+    pub image: Vec<u8>,
+    pub pages: u64,
+    /// `Postcopy`'s pages (none: not a post-copy).
+    pub postcopy: Option<Vec<Span>>,
+}
+
 /// The memory of every stream, placed at once: `main` (whose next message
 /// is `first`) on this thread up to its `State`, each of `others` on its
 /// own thread up to its `Commit`; each batch checked against `layout`
@@ -192,7 +203,7 @@ pub fn receive<S: Read, T: Read + Send>(
     layout: &[(u64, u64)],
     mem: &GuestMemoryMmap,
     timeout: Duration,
-) -> Result<(Vec<u8>, u64), MigrateError> {
+) -> Result<Received, MigrateError> {
     let live = Liveness {
         start: Instant::now(),
         last_ms: AtomicU64::new(0),
@@ -250,10 +261,10 @@ pub fn receive<S: Read, T: Read + Send>(
 /// else the stream that failed first (`first`: 1 the main one, 2 + i
 /// other stream i).
 fn outcome(
-    main: Result<(Vec<u8>, u64), MigrateError>,
+    main: Result<Received, MigrateError>,
     others: Vec<Result<u64, MigrateError>>,
     first: usize,
-) -> Result<(Vec<u8>, u64), MigrateError> {
+) -> Result<Received, MigrateError> {
     let of = others.len() + 1;
     let abandoned = matches!(
         main,
@@ -273,18 +284,26 @@ fn outcome(
             Err(_) => {}
         }
     }
-    let (image, main_pages) = main?;
-    Ok((image, pages + main_pages))
+    let mut received = main?;
+    received.pages += pages;
+    Ok(received)
 }
 
-/// The main stream from `first` on: its batches, up to `State`.
+/// The main stream from `first` on: its batches (and with post-copy the
+/// pages still to fetch, at most as many as guest RAM holds), up to
+/// `State`.
 fn read_main<R: Read>(
     main: &mut R,
     first: Message,
     layout: &[(u64, u64)],
     mem: &GuestMemoryMmap,
-) -> Result<(Vec<u8>, u64), MigrateError> {
+) -> Result<Received, MigrateError> {
     let mut pages = 0u64;
+    let mut postcopy: Option<Vec<Span>> = None;
+    let ram_pages: u64 = layout
+        .iter()
+        .map(|(_, len)| len / protocol::PAGE_SIZE)
+        .sum();
     let mut next = first;
     loop {
         match next {
@@ -292,7 +311,24 @@ fn read_main<R: Read>(
                 batch.check(layout)?;
                 pages += super::dest::write_batch(mem, &batch)?;
             }
-            Message::State(image) => return Ok((image, pages)),
+            Message::Postcopy(spans) => {
+                migration::protocol::colo::check_spans(&spans, layout)?;
+                let all = postcopy.get_or_insert_with(Vec::new);
+                all.extend(spans);
+                let named: u64 = all.iter().map(|s| u64::from(s.pages)).sum();
+                if named > ram_pages {
+                    return Err(MigrateError::Join(format!(
+                        "the source names {named} pages to fetch; guest RAM has {ram_pages}"
+                    )));
+                }
+            }
+            Message::State(image) => {
+                return Ok(Received {
+                    image,
+                    pages,
+                    postcopy,
+                })
+            }
             Message::Abandon(why) => return Err(ProtocolError::Abandoned(why).into()),
             other => {
                 return Err(ProtocolError::Unexpected {
@@ -358,7 +394,7 @@ mod tests {
         })
     }
 
-    fn run(others: Vec<Vec<u8>>) -> (Result<(Vec<u8>, u64), MigrateError>, GuestMemoryMmap) {
+    fn run(others: Vec<Vec<u8>>) -> (Result<Received, MigrateError>, GuestMemoryMmap) {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
         let mut main = io::Cursor::new(frames(&[page(0, 1), Message::State(vec![7])]));
         let others = others.into_iter().map(io::Cursor::new).collect();
@@ -379,8 +415,8 @@ mod tests {
             frames(&[page(0x2000, 3), Message::Commit]),
             frames(&[page(0x3000, 4), page(0x4000, 5), Message::Commit]),
         ]);
-        let (image, pages) = r.unwrap();
-        assert_eq!((image, pages), (vec![7], 5));
+        let r = r.unwrap();
+        assert_eq!((r.image, r.pages, r.postcopy), (vec![7], 5, None));
         for (gpa, byte) in [
             (0u64, 1u8),
             (0x1000, 2),

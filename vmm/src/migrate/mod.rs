@@ -13,6 +13,7 @@ pub mod inline;
 pub mod joined;
 pub mod lanes;
 pub mod pages;
+pub mod postcopy;
 pub mod source;
 pub mod status;
 
@@ -110,9 +111,18 @@ pub enum MigrateError {
         #[source]
         source: Box<MigrateError>,
     },
-    /// The other streams of a multi-stream migration did not all arrive.
+    /// The other streams of a multi-stream migration did not all arrive
+    /// (or another rule of the streams was broken).
     #[error("{0}")]
     Join(String),
+    /// Post-copy broke after the switch, at the destination: the guest
+    /// ran here, and `missing` of its pages never came.
+    #[error("post-copy: {source}; {missing} of the guest's pages never came: the guest is lost")]
+    Lost {
+        missing: u64,
+        #[source]
+        source: Box<MigrateError>,
+    },
     #[error("not done after {0} s (--timeout-s)")]
     Timeout(u64),
 }

@@ -57,6 +57,15 @@ pub struct Params {
     /// runs of pages dealt round-robin, the stop-and-copy's too.
     #[serde(default = "default_connections")]
     pub connections: u16,
+    /// Switch to post-copy when the pre-copy rounds stop shrinking the
+    /// dirty set (or after `postcopy_after_rounds`): the destination runs
+    /// the guest and fetches what it lacks on demand.
+    #[serde(default)]
+    pub postcopy: bool,
+    /// With `postcopy`: switch after this many rounds at the latest
+    /// (round 0 included).
+    #[serde(default)]
+    pub postcopy_after_rounds: Option<u32>,
 }
 
 /// Where the migration's work runs (see `migrate::inline`).
@@ -90,6 +99,8 @@ impl Default for Params {
             mode: Mode::Thread,
             initially_set: true,
             connections: 1,
+            postcopy: false,
+            postcopy_after_rounds: None,
         }
     }
 }
@@ -110,6 +121,15 @@ impl Params {
         if !(1..=most).contains(&self.connections) {
             return Err(format!("connections must be 1 to {most}"));
         }
+        if self.postcopy_after_rounds.is_some() && !self.postcopy {
+            return Err("postcopy_after_rounds needs postcopy".into());
+        }
+        if self.postcopy_after_rounds == Some(0) {
+            return Err("postcopy_after_rounds must be at least 1".into());
+        }
+        if self.postcopy && self.mode == Mode::Inline {
+            return Err("postcopy needs mode thread".into());
+        }
         if self.connections > 1 && self.mode == Mode::Inline {
             return Err(
                 "connections above 1 need mode thread (inline, the device loop sends alone)".into(),
@@ -126,6 +146,8 @@ pub enum Phase {
     Setup,
     PreCopy,
     StopAndCopy,
+    /// The destination runs the guest and fetches its missing pages.
+    PostCopy,
     Completed,
     Failed,
     Cancelled,
@@ -189,6 +211,37 @@ pub struct Status {
     pub downtime_parts: Option<DowntimeParts>,
     pub total_ms: f64,
     pub error: Option<String>,
+    /// Post-copy, once switched to.
+    pub postcopy: Option<PostcopyReport>,
+    /// The migration failed after the switch to post-copy: neither side
+    /// holds the whole guest (this VMM ends).
+    pub lost: bool,
+}
+
+/// A post-copy: what the destination lacked at the switch, how it came,
+/// and what its guest waited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PostcopyReport {
+    /// The pre-copy round at whose look it switched.
+    pub switched_at_round: u32,
+    /// Pages the destination lacked at the switch.
+    pub needed_pages: u64,
+    /// Of those, sent so far.
+    pub sent_pages: u64,
+    /// Sent because the destination's guest faulted on them.
+    pub requested_pages: u64,
+    /// Faults that waited for the link (the destination's count).
+    pub faults: u64,
+    /// A fault's wait at the destination, ms: median, 99th percentile,
+    /// largest.
+    pub fault_p50_ms: f64,
+    pub fault_p99_ms: f64,
+    pub fault_max_ms: f64,
+    /// From `Go` to the destination holding every page, ms.
+    pub fetch_ms: f64,
+    /// The source kept the guest's memory until then (always: it is the
+    /// only other copy).
+    pub source_kept_memory: bool,
 }
 
 impl Status {
@@ -214,6 +267,8 @@ impl Status {
             downtime_parts: None,
             total_ms: 0.0,
             error: None,
+            postcopy: None,
+            lost: false,
         }
     }
 

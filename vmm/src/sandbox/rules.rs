@@ -181,6 +181,11 @@ const IOCTL_TTY_TUN: u64 = b'T' as u64;
 const IOCTL_SOCKET: u64 = 0x89;
 /// Block devices' `BLK*` (a disk that is a device, not a file).
 const IOCTL_BLOCK: u64 = 0x12;
+/// A userfaultfd's `UFFDIO_*` (post-copy's destination).
+const IOCTL_UFFD: u64 = 0xAA;
+
+/// Post-copy's destination: a userfaultfd over guest RAM.
+const POSTCOPY: &[i64] = &[libc::SYS_userfaultfd];
 
 /// `prctl` operations: a thread's name (the standard library names each
 /// new thread), `no_new_privs` (set before each filter).
@@ -206,15 +211,25 @@ fn requests(kind: Kind) -> Vec<u64> {
 fn lists(kind: Kind) -> (Vec<&'static [i64]>, &'static [u64]) {
     use Kind::*;
     match kind {
+        // The VMM thread's filter stays on the threads it starts, under
+        // their own: what a stream thread does, it allows too.
         Vmm => (
             vec![
-                BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS, DATAGRAMS, PROCESS,
+                BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS, DATAGRAMS, PROCESS, POSTCOPY,
             ],
-            &[IOCTL_KVM, IOCTL_TTY_TUN, IOCTL_SOCKET, IOCTL_BLOCK],
+            &[
+                IOCTL_KVM,
+                IOCTL_TTY_TUN,
+                IOCTL_SOCKET,
+                IOCTL_BLOCK,
+                IOCTL_UFFD,
+            ],
         ),
         Stream => (
-            vec![BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS, DATAGRAMS],
-            &[IOCTL_KVM, IOCTL_TTY_TUN, IOCTL_SOCKET],
+            vec![
+                BASE, SPAWN, EVENTS, FILE_IO, FILES, SOCKETS, DATAGRAMS, POSTCOPY,
+            ],
+            &[IOCTL_KVM, IOCTL_TTY_TUN, IOCTL_SOCKET, IOCTL_UFFD],
         ),
         Vcpu => (vec![BASE, EVENTS, SPAWN_INHERITING], &[]),
         Devices => (vec![BASE, EVENTS, FILE_IO, DATAGRAMS], &[]),

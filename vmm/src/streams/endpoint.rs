@@ -147,6 +147,15 @@ impl Conn {
         }
     }
 
+    /// A second handle on the same stream (one thread reads while another
+    /// writes).
+    pub fn try_clone(&self) -> io::Result<Conn> {
+        Ok(match self {
+            Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
+            Conn::Unix(s) => Conn::Unix(s.try_clone()?),
+        })
+    }
+
     /// Ends both directions (wakes a read blocked on the other side).
     pub fn shutdown(&self) {
         let _ = match self {

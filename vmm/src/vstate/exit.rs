@@ -31,6 +31,9 @@ pub enum VmExit {
     /// A COLO side that fenced itself and then learned from the arbiter
     /// that it lost the lease; why.
     Fenced(String),
+    /// A post-copy migration broke after the switch: neither side holds
+    /// the whole guest; why.
+    Lost(String),
 }
 
 impl VmExit {
@@ -44,7 +47,10 @@ impl VmExit {
             | VmExit::Quit
             | VmExit::Shutdown
             | VmExit::Migrated(_) => 0,
-            VmExit::IncomingFailed(_) | VmExit::Retired(_) | VmExit::Fenced(_) => 1,
+            VmExit::IncomingFailed(_)
+            | VmExit::Retired(_)
+            | VmExit::Fenced(_)
+            | VmExit::Lost(_) => 1,
             VmExit::Panic(_) => 2,
             VmExit::Fatal(_) => 3,
         }

@@ -1,6 +1,8 @@
 //! The VM's state at the KVM level: the vCPUs (one thread each, [`vcpu`],
 //! driven as a group by [`vcpus`]), guest RAM and its dirty log
-//! ([`memory`]), a snapshot's pages mapped over it ([`file_map`]), a vCPU's and the VM-wide state as data ([`vcpu_state`],
+//! ([`memory`]), a snapshot's pages mapped over it ([`file_map`]), its
+//! missing pages served through a userfaultfd in post-copy ([`uffd`]), a
+//! vCPU's and the VM-wide state as data ([`vcpu_state`],
 //! [`vm_state`]), how the VM ends ([`exit`]) and the exits counted
 //! ([`exit_counts`]).
 //!
@@ -12,6 +14,7 @@ pub mod exit;
 pub mod exit_counts;
 pub mod file_map;
 pub mod memory;
+pub mod uffd;
 pub mod vcpu;
 pub mod vcpu_state;
 pub mod vcpus;

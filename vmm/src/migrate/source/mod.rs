@@ -33,6 +33,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::VmLink;
 
+mod switch;
+
 /// Auto-converge: first throttle, step, and ceiling (QEMU's defaults).
 const THROTTLE_FIRST: u8 = 20;
 const THROTTLE_STEP: u8 = 10;
@@ -87,6 +89,8 @@ impl Ended {
 pub struct Migration {
     status: Arc<Mutex<Status>>,
     cancel: Arc<AtomicBool>,
+    /// Set by `migrate-postcopy`: switch at the next look.
+    switch: Arc<AtomicBool>,
     /// Set once a completed status has been read (by `migrate-status`):
     /// the source VMM exits only then, or after [`COLLECT_WAIT`].
     collected: Arc<AtomicBool>,
@@ -104,15 +108,18 @@ impl Migration {
     ) -> std::io::Result<Migration> {
         let status = Arc::new(Mutex::new(Status::new(&to, &params)));
         let cancel = Arc::new(AtomicBool::new(false));
+        let switch = Arc::new(AtomicBool::new(false));
         let collected = Arc::new(AtomicBool::new(false));
         let (st, c, got) = (status.clone(), cancel.clone(), collected.clone());
+        let sw = switch.clone();
         let thread = std::thread::Builder::new()
             .name("migration".into())
             .spawn(move || {
                 crate::sandbox::confine(crate::sandbox::Kind::Stream);
-                migrate(&vm, &to, &params, &st, &c);
+                migrate(&vm, &to, &params, &st, (&c, &sw));
                 let last = devices::sync::lock(&st).clone();
-                if last.phase == Phase::Completed {
+                // This VMM ends after either: its report is read first.
+                if last.phase == Phase::Completed || last.lost {
                     // Let a follower read the report before this VMM ends.
                     let t = Instant::now();
                     while !got.load(Ordering::SeqCst) && t.elapsed() < COLLECT_WAIT {
@@ -124,6 +131,7 @@ impl Migration {
         Ok(Migration {
             status,
             cancel,
+            switch,
             collected,
             thread: Some(thread),
         })
@@ -132,7 +140,7 @@ impl Migration {
     /// Where it is.
     pub fn status(&self) -> Status {
         let s = devices::sync::lock(&self.status).clone();
-        if s.phase == Phase::Completed {
+        if s.phase == Phase::Completed || s.lost {
             self.collected.store(true, Ordering::SeqCst);
         }
         s
@@ -146,6 +154,12 @@ impl Migration {
     /// Asks the thread to give up (before `Go`; after it, too late).
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::SeqCst);
+    }
+
+    /// Asks the thread to switch to post-copy at its next look at the
+    /// dirty log (`migrate-postcopy`).
+    pub fn switch_to_postcopy(&self) {
+        self.switch.store(true, Ordering::SeqCst);
     }
 }
 
@@ -164,7 +178,7 @@ fn migrate(
     to: &Endpoint,
     params: &Params,
     status: &Mutex<Status>,
-    cancel: &AtomicBool,
+    (cancel, switch): (&AtomicBool, &AtomicBool),
 ) {
     let started = Instant::now();
     let turns = vm.device_turns();
@@ -174,10 +188,11 @@ fn migrate(
         Mode::Inline => Slicer::inline(&turns, &free),
     };
     let mut run = Run::new(vm, params, status, cancel, &slicer, false);
+    run.switch = Some(switch);
     run.started = started;
     match run.go(to) {
         Ok(_) => {
-            let downtime = run.paused_at.map(|t| t.elapsed());
+            let downtime = run.downtime.or_else(|| run.paused_at.map(|t| t.elapsed()));
             run.update(|s| {
                 s.total_ms = started.elapsed().as_secs_f64() * 1000.0;
                 s.phase = Phase::Completed;
@@ -187,10 +202,15 @@ fn migrate(
         }
         Err(e) => {
             let cancelled = matches!(e, MigrateError::Cancelled);
-            log::error!("migration to {to} failed: {e}; the guest runs here");
+            // After the switch the VMM thread ends this VM and says why.
+            let lost = run.switched;
+            if !lost {
+                log::error!("migration to {to} failed: {e}; the guest runs here");
+            }
             let back = run.roll_back();
             run.update(|s| {
                 s.total_ms = started.elapsed().as_secs_f64() * 1000.0;
+                s.lost = lost;
                 s.phase = if cancelled {
                     Phase::Cancelled
                 } else {
@@ -261,6 +281,12 @@ struct Run<'a> {
     released_disks: bool,
     /// COLO's initial sync: the guest stays and runs here after `Go`.
     keep: bool,
+    /// Set by `migrate-postcopy` (none: COLO's initial sync, never).
+    switch: Option<&'a AtomicBool>,
+    /// Switched to post-copy: the guest ran at the destination since.
+    switched: bool,
+    /// The downtime, when it ended before the migration did (post-copy).
+    downtime: Option<Duration>,
 }
 
 impl<'a> Run<'a> {
@@ -285,6 +311,9 @@ impl<'a> Run<'a> {
             paused_at: None,
             released_disks: false,
             keep,
+            switch: None,
+            switched: false,
+            downtime: None,
         }
     }
 
@@ -347,8 +376,10 @@ impl<'a> Run<'a> {
         });
         self.send_round(conn, &mut others, Work::All, false)?;
         self.round_done(0);
-        let pending = self.precopy(conn, &mut others)?;
-        self.stop_and_copy(conn, &mut others, pending)?;
+        match self.precopy(conn, &mut others)? {
+            End::Copy(pending) => self.stop_and_copy(conn, &mut others, pending)?,
+            End::Postcopy(pending) => return self.postcopy(conn, &mut others, pending),
+        }
         protocol::write_message(conn, &Message::Go)?;
         if self.keep && self.paused_at.is_some() {
             self.vm.resume()?;
@@ -412,11 +443,7 @@ impl<'a> Run<'a> {
     /// the second look on, auto-converge takes a throttle step (one per
     /// whole second of the window) when the guest dirtied more than half of
     /// what was sent in that window (see [`next_throttle`]).
-    fn precopy(
-        &mut self,
-        conn: &mut Conn,
-        others: &mut [Conn],
-    ) -> Result<Vec<crate::vstate::memory::DirtyBitmap>, MigrateError> {
+    fn precopy(&mut self, conn: &mut Conn, others: &mut [Conn]) -> Result<End, MigrateError> {
         let ram = self.vm.ram();
         let mut round = 1;
         let (mut last_look, mut sent_at_look) = (self.started, self.sent.bytes());
@@ -446,7 +473,10 @@ impl<'a> Run<'a> {
             // a stop-and-copy over the budget.
             let within = estimate_ms <= self.params.downtime_ms as f64;
             if stop_and_copy_now(within, bytes, last_set, shrink_rounds) {
-                return Ok(dirty);
+                return Ok(End::Copy(dirty));
+            }
+            if self.postcopy_now(round, bytes, last_set) {
+                return Ok(End::Postcopy(dirty));
             }
             if within {
                 shrink_rounds += 1;
@@ -547,9 +577,13 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// After a failure: the guest runs here again, as before.
+    /// After a failure: the guest runs here again, as before (unless it
+    /// switched to post-copy: then it ran there since, and stays paused).
     fn roll_back(&mut self) -> Result<(), MigrateError> {
         self.slicer.release();
+        if self.switched {
+            return Ok(());
+        }
         let ram = self.vm.ram();
         let log = ram.stop_dirty_log();
         let throttle = if self.throttle > 0 {
@@ -572,6 +606,13 @@ impl<'a> Run<'a> {
         throttle?;
         Ok(())
     }
+}
+
+/// How the pre-copy ended: the last dirty set goes in a stop-and-copy,
+/// or the destination fetches it in post-copy.
+enum End {
+    Copy(Vec<crate::vstate::memory::DirtyBitmap>),
+    Postcopy(Vec<crate::vstate::memory::DirtyBitmap>),
 }
 
 /// The throttle after a look at which, over the `window_s` seconds since
