@@ -25,7 +25,10 @@
 #            [--timeout-s 120] [--tmpdir DIR] [--sandbox on|off] [--initially-set on|off]
 #            [--stream unix|tcp] [--ping-ms 10] [--window-s 40]
 # --modes also takes threadN: the migration thread with --connections N
-# (2 to 16), e.g. --modes thread,thread2,thread4 --stream tcp.
+# (2 to 16), e.g. --modes thread,thread2,thread4 --stream tcp, and
+# postcopy: the thread with --postcopy --postcopy-after-rounds 1 (the
+# destination fetches what the guest dirtied during round 0; the report
+# adds its pages, the faults the guest waited on and their waits).
 # --window-s W adds, per run, the gaps over 400 ms, the largest gap and the
 # largest ping RTT over W s from the pings' start (the seed's table: 40).
 source "$(dirname "$0")/common.sh"

@@ -52,7 +52,8 @@ JITTER_PORT = 7777
 DIRTY_MIB, DIRTY_RATE = 256, 200  # the defaults of --dirty-mib, --dirty-rate
 GRACE_S = 1.0  # "during" runs on this long after the migration ended
 TANDEM_MODES, QEMU_MODE = ("thread", "inline"), "qemu"
-LABELS = {"thread": "tandem thread", "inline": "tandem inline", "qemu": "QEMU (TCG)"}
+LABELS = {"thread": "tandem thread", "inline": "tandem inline", "qemu": "QEMU (TCG)",
+          "postcopy": "tandem post-copy"}
 # threadN (N 2 to 16): the migration thread with --connections N.
 STREAMS = re.compile(r"thread([0-9]+)$")
 
@@ -287,7 +288,14 @@ class TandemGuest(Guest, sm.Tandem):
                "--downtime-ms", str(a.downtime_ms), "--timeout-s", str(a.timeout_s),
                "--initially-set", a.initially_set]
         n = streams(mode)
-        cmd += ["--mode", "thread", "--connections", str(n)] if n > 1 else ["--mode", mode]
+        if n > 1:
+            cmd += ["--mode", "thread", "--connections", str(n)]
+        elif mode == "postcopy":
+            # Switched after round 0: the destination fetches what the
+            # guest dirtied meanwhile.
+            cmd += ["--mode", "thread", "--postcopy", "--postcopy-after-rounds", "1"]
+        else:
+            cmd += ["--mode", mode]
         if bw:
             cmd += ["--bandwidth", str(bw)]
         out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -305,6 +313,11 @@ class TandemGuest(Guest, sm.Tandem):
                "setup_ms": rep.get("setup_ms"), "dirty_rate_mib": rep.get("dirty_rate_mib"),
                "log_start_ms": rep.get("log_start_ms"), "log_all_dirty": rep.get("log_all_dirty"),
                "send_mib_s": rep.get("send_rate_mib"),
+               "pc_pages": (rep.get("postcopy") or {}).get("needed_pages"),
+               "pc_faults": (rep.get("postcopy") or {}).get("faults"),
+               "pc_p99_ms": (rep.get("postcopy") or {}).get("fault_p99_ms"),
+               "pc_max_ms": (rep.get("postcopy") or {}).get("fault_max_ms"),
+               "pc_fetch_ms": (rep.get("postcopy") or {}).get("fetch_ms"),
                "last_pages_ms": (rep.get("downtime_parts") or {}).get("pages_ms")}
         if not converged:
             res["why"] = f"{rep.get('phase')}: {rep.get('error')}"
@@ -451,6 +464,13 @@ FIGURES = [  # key, header, format
     ("window_over_400", ">400 in W", "{:.0f}"),
     ("window_gap_ms", "gap in W", "{:.0f}"),
     ("window_rtt_max_ms", "rtt max W", "{:.0f}"),
+    # Post-copy: pages fetched after the switch, the faults the guest
+    # waited on, their p99 and largest wait, and the fetch's length.
+    ("pc_pages", "pc pages", "{:.0f}"),
+    ("pc_faults", "pc faults", "{:.0f}"),
+    ("pc_p99_ms", "pc p99 ms", "{:.2f}"),
+    ("pc_max_ms", "pc max ms", "{:.1f}"),
+    ("pc_fetch_ms", "pc fetch ms", "{:.0f}"),
 ]
 
 
@@ -674,7 +694,8 @@ def parse_args():
     ap.add_argument("--workloads", default="idle,dirty", help="idle, dirty")
     ap.add_argument("--bandwidths", default="0,128", help="MiB/s; 0: unlimited")
     ap.add_argument("--modes", default="thread,inline,qemu",
-                    help="thread, threadN (the thread with --connections N, 2 to 16), inline, qemu")
+                    help="thread, threadN (the thread with --connections N, 2 to 16), postcopy "
+                         "(the thread, switched to post-copy after round 0), inline, qemu")
     ap.add_argument("--stream", choices=["unix", "tcp"], default="unix",
                     help="tandem's migration stream: a Unix socket, or TCP on loopback")
     ap.add_argument("--tmpdir", default=None, help="where snapshots go (default: $TMPDIR or /tmp)")

@@ -515,6 +515,26 @@ impl TestVm {
     }
 
     /// Kills tandem (SIGKILL) and reaps it.
+    /// Starts `tandem-dirty MIB RATE` in the guest as a shell job, its
+    /// output in /tmp/dirty.out, and waits until it has touched its memory
+    /// (each first touch is a page fault in the emulated guest kernel
+    /// here: some 30 s for 32 MiB); returns its "ready" line.
+    pub fn start_dirty(&mut self, mib: u32, rate: u32) -> String {
+        self.ok(
+            &format!("tandem-dirty {mib} {rate} > /tmp/dirty.out &"),
+            CMD_TIMEOUT,
+        );
+        let t = Instant::now();
+        loop {
+            let line = self.ok("read l < /tmp/dirty.out; echo $l", CMD_TIMEOUT);
+            if line.contains("ready") {
+                return line;
+            }
+            assert!(t.elapsed() < 3 * CMD_TIMEOUT, "tandem-dirty set up in time");
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

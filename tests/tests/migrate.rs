@@ -779,16 +779,7 @@ fn still_running(src: &mut TestVm, api: &Path, sum: &str, failures: usize) {
 /// guest has one vCPU, which a busy loop would take from the shell).
 fn vm_prepare(vm: &mut TestVm) {
     write_file(vm);
-    vm.ok("tandem-dirty 32 16 > /tmp/dirty.out &", CMD);
-    let t = Instant::now();
-    while !vm
-        .ok("read l < /tmp/dirty.out; echo $l", CMD)
-        .contains("ready")
-    {
-        assert!(t.elapsed() < 3 * CMD, "tandem-dirty set up in time");
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    eprintln!("{}", vm.ok("read l < /tmp/dirty.out; echo $l", CMD));
+    eprintln!("{}", vm.start_dirty(32, 16));
     vm.ok(
         &format!("tandem-jitter {HOST_IP0}:{JITTER_PORT} > /tmp/jitter.out &"),
         CMD,

@@ -47,15 +47,7 @@ fn prepared(ns: &NetNs) -> (PathBuf, String) {
          for(j=0;j<32;j++) printf \"%d%s\", j, s}' > /tmp/m",
         CMD,
     );
-    vm.ok("tandem-dirty 8 16 > /tmp/dirty.out &", CMD);
-    let t = Instant::now();
-    while !vm
-        .ok("read l < /tmp/dirty.out; echo $l", CMD)
-        .contains("ready")
-    {
-        assert!(t.elapsed() < 3 * CMD, "tandem-dirty set up in time");
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    vm.start_dirty(8, 16);
     vm.ok(
         "mkfifo /tmp/tick; (exec 3<>/tmp/tick; n=0; while :; do n=$((n+1)); \
          echo $n >> /tmp/count; read -t 1 x <&3; done) &",

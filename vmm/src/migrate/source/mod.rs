@@ -530,30 +530,10 @@ impl<'a> Run<'a> {
         others: &mut [Conn],
         pending: Vec<crate::vstate::memory::DirtyBitmap>,
     ) -> Result<(), MigrateError> {
-        self.check_going()?;
-        // The device loop must reach its gate.
-        self.slicer.release();
-        // While the guest runs: the flush in the downtime is then short.
-        self.vm.flush_disks()?;
-        self.update(|s| s.phase = Phase::StopAndCopy);
         let mut parts = DowntimeParts::default();
-        let mut step = Instant::now();
-        let mut lap = |into: &mut f64| {
-            *into = step.elapsed().as_secs_f64() * 1000.0;
-            step = Instant::now();
-        };
-        // A VM the user had paused stays as it is (and is not resumed on
-        // failure).
-        if !self.vm.is_paused() {
-            self.paused_at = Some(Instant::now());
-            self.vm.pause()?;
-        }
-        lap(&mut parts.pause_ms);
-        let ram = self.vm.ram();
-        let mut last = ram.dirty_pages()?;
-        for (l, p) in last.iter_mut().zip(&pending) {
-            crate::vstate::memory::or_into(&mut l.bits, &p.bits);
-        }
+        let mut laps = Laps(Instant::now());
+        let last = self.pause_for_switch(&pending, &mut parts, &mut laps)?;
+        let mut lap = |into: &mut f64| laps.lap(into);
         // The cap protects the network while the guest runs; with the guest
         // paused the last pages go as fast as the streams take them.
         self.send_round(conn, others, Work::Dirty(&last), true)?;
@@ -575,6 +555,36 @@ impl<'a> Run<'a> {
         self.round_done(round);
         self.update(|s| s.downtime_parts = Some(parts));
         Ok(())
+    }
+
+    /// The switch-over's start (stop-and-copy or post-copy): the disks
+    /// flushed while the guest runs, the guest paused (its time into
+    /// `parts`), and the last dirty set: KVM's log OR `pending`.
+    fn pause_for_switch(
+        &mut self,
+        pending: &[crate::vstate::memory::DirtyBitmap],
+        parts: &mut DowntimeParts,
+        laps: &mut Laps,
+    ) -> Result<Vec<crate::vstate::memory::DirtyBitmap>, MigrateError> {
+        self.check_going()?;
+        // The device loop must reach its gate.
+        self.slicer.release();
+        // While the guest runs: the flush in the downtime is then short.
+        self.vm.flush_disks()?;
+        self.update(|s| s.phase = Phase::StopAndCopy);
+        laps.0 = Instant::now();
+        // A VM the user had paused stays as it is (and is not resumed on
+        // failure).
+        if !self.vm.is_paused() {
+            self.paused_at = Some(Instant::now());
+            self.vm.pause()?;
+        }
+        laps.lap(&mut parts.pause_ms);
+        let mut last = self.vm.ram().dirty_pages()?;
+        for (l, p) in last.iter_mut().zip(pending) {
+            crate::vstate::memory::or_into(&mut l.bits, &p.bits);
+        }
+        Ok(last)
     }
 
     /// After a failure: the guest runs here again, as before (unless it
@@ -605,6 +615,17 @@ impl<'a> Run<'a> {
         log?;
         throttle?;
         Ok(())
+    }
+}
+
+/// Times the downtime's steps, one after the other.
+struct Laps(Instant);
+
+impl Laps {
+    /// The time since the last lap, ms, into `into`.
+    fn lap(&mut self, into: &mut f64) {
+        *into = self.0.elapsed().as_secs_f64() * 1000.0;
+        self.0 = Instant::now();
     }
 }
 

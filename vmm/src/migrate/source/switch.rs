@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use migration::protocol::{self, Command, Message};
 
-use super::{Run, IO_TIMEOUT};
+use super::{Laps, Run, IO_TIMEOUT};
 use crate::migrate::postcopy::serve::{self, Needed};
 use crate::migrate::status::{DowntimeParts, Phase, PostcopyReport};
 use crate::migrate::MigrateError;
@@ -63,25 +63,10 @@ impl Run<'_> {
         others: &mut [Conn],
         pending: Vec<DirtyBitmap>,
     ) -> Result<Needed, MigrateError> {
-        self.check_going()?;
-        self.slicer.release();
-        self.vm.flush_disks()?;
-        self.update(|s| s.phase = Phase::StopAndCopy);
         let mut parts = DowntimeParts::default();
-        let mut step = Instant::now();
-        let mut lap = |into: &mut f64| {
-            *into = step.elapsed().as_secs_f64() * 1000.0;
-            step = Instant::now();
-        };
-        if !self.vm.is_paused() {
-            self.paused_at = Some(Instant::now());
-            self.vm.pause()?;
-        }
-        lap(&mut parts.pause_ms);
-        let mut last = self.vm.ram().dirty_pages()?;
-        for (l, p) in last.iter_mut().zip(&pending) {
-            crate::vstate::memory::or_into(&mut l.bits, &p.bits);
-        }
+        let mut laps = Laps(Instant::now());
+        let last = self.pause_for_switch(&pending, &mut parts, &mut laps)?;
+        let mut lap = |into: &mut f64| laps.lap(into);
         // The other streams' shares are whole: the rest goes on this one.
         for c in others.iter_mut() {
             protocol::write_message(c, &Message::Commit)?;
