@@ -90,6 +90,7 @@ static DENY_TEST: OnceLock<Option<String>> = OnceLock::new();
 /// the SIGSYS handler, and confines the calling thread as the VMM thread.
 pub fn start(mode: Mode) -> Result<(), SandboxError> {
     let mode = *MODE.get_or_init(|| mode);
+    one_malloc_arena();
     DENY_TEST.get_or_init(|| std::env::var("TANDEM_SECCOMP_TEST_DENY").ok());
     match mode {
         Mode::Off => return Ok(()),
@@ -100,6 +101,22 @@ pub fn start(mode: Mode) -> Result<(), SandboxError> {
         Mode::On => sigsys::install().map_err(SandboxError::Handler)?,
     }
     enter(Kind::Vmm)
+}
+
+/// Every thread allocates from glibc's main arena. A thread with an
+/// arena of its own shrinks it (`shrink_heap`) when enough is freed, and
+/// the first such shrink in the process opens
+/// `/proc/sys/vm/overcommit_memory`: from a confined thread that is an
+/// `openat` its filter denies (seen: a COLO secondary's vCPU ended
+/// tandem so). The main arena shrinks with `brk` and opens nothing.
+/// Call before any other thread exists: a thread that already has an
+/// arena keeps it, and later threads may share it.
+fn one_malloc_arena() {
+    // SAFETY: mallopt only sets a parameter of glibc's allocator; no
+    // other thread exists yet to race with it.
+    if unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) } != 1 {
+        log::warn!("seccomp: could not keep the allocator to one arena (mallopt)");
+    }
 }
 
 /// The mode chosen ([`Mode::Off`] before [`start`]).
