@@ -90,7 +90,7 @@ static DENY_TEST: OnceLock<Option<String>> = OnceLock::new();
 /// the SIGSYS handler, and confines the calling thread as the VMM thread.
 pub fn start(mode: Mode) -> Result<(), SandboxError> {
     let mode = *MODE.get_or_init(|| mode);
-    one_malloc_arena();
+    warm_allocator();
     DENY_TEST.get_or_init(|| std::env::var("TANDEM_SECCOMP_TEST_DENY").ok());
     match mode {
         Mode::Off => return Ok(()),
@@ -103,19 +103,29 @@ pub fn start(mode: Mode) -> Result<(), SandboxError> {
     enter(Kind::Vmm)
 }
 
-/// Every thread allocates from glibc's main arena. A thread with an
-/// arena of its own shrinks it (`shrink_heap`) when enough is freed, and
-/// the first such shrink in the process opens
-/// `/proc/sys/vm/overcommit_memory`: from a confined thread that is an
-/// `openat` its filter denies (seen: a COLO secondary's vCPU ended
-/// tandem so). The main arena shrinks with `brk` and opens nothing.
-/// Call before any other thread exists: a thread that already has an
-/// arena keeps it, and later threads may share it.
-fn one_malloc_arena() {
-    // SAFETY: mallopt only sets a parameter of glibc's allocator; no
-    // other thread exists yet to race with it.
-    if unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) } != 1 {
-        log::warn!("seccomp: could not keep the allocator to one arena (mallopt)");
+/// Makes glibc's allocator do now, before any filter, the one thing it
+/// does lazily that opens a file: the first time a thread's own arena
+/// shrinks (`shrink_heap`), it reads `/proc/sys/vm/overcommit_memory`
+/// and keeps the answer for the process. From a confined thread that is
+/// an `openat` its filter denies (seen: a COLO secondary's vCPU ended
+/// tandem so). A thread that frees 1 MiB of small blocks shrinks its
+/// arena at once (the trim threshold starts at 128 KiB and only rises
+/// after large blocks are freed, which tandem has not done yet here).
+/// Keeping every thread on the main arena instead (`M_ARENA_MAX` 1)
+/// halved the migration's send rate.
+fn warm_allocator() {
+    let warm = std::thread::Builder::new()
+        .name("tandem-warm".into())
+        .spawn(|| {
+            let pieces: Vec<Box<[u8]>> = (0..256)
+                .map(|i| std::hint::black_box(vec![i as u8; 4000].into_boxed_slice()))
+                .collect();
+            for p in pieces.into_iter().rev() {
+                drop(std::hint::black_box(p));
+            }
+        });
+    if !matches!(warm.map(|t| t.join()), Ok(Ok(()))) {
+        log::warn!("seccomp: could not warm the allocator up before the filters");
     }
 }
 
