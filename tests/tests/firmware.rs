@@ -159,15 +159,21 @@ fn a_firmware_vm_is_saved_restored_and_moved_with_its_image() {
     // A destination with another image refuses; the source runs on.
     let (sock, sock2) = (tmp("mig.sock"), tmp("mig2.sock"));
     let unix = |p: &Path| format!("unix:{}", s(p));
+    // Each destination is asked for only once it listens: `migrate` at
+    // once raced its bind (CI saw "cannot connect ... No such file").
     let destination = |sock: &Path, image: &Path| {
-        TestVm::start(&[
+        let vm = TestVm::start(&[
             "--incoming",
             &unix(sock),
             "--firmware",
             s(image),
             "--mem",
             "64M",
-        ])
+        ]);
+        wait_until("the destination listens", WAIT, || {
+            vm.stderr().contains("waiting for a migration on")
+        });
+        vm
     };
     let mut bad = destination(&sock, &other);
     let (code, a) = ctl(&api2, &["migrate", &unix(&sock), "--json"]);
