@@ -533,24 +533,11 @@ impl<'a> Run<'a> {
         let mut parts = DowntimeParts::default();
         let mut laps = Laps(Instant::now());
         let last = self.pause_for_switch(&pending, &mut parts, &mut laps)?;
-        let mut lap = |into: &mut f64| laps.lap(into);
         // The cap protects the network while the guest runs; with the guest
         // paused the last pages go as fast as the streams take them.
         self.send_round(conn, others, Work::Dirty(&last), true)?;
-        lap(&mut parts.pages_ms);
-        let state = self.vm.capture_state()?;
-        let image = crate::snapshot::state_image(&state)?;
-        lap(&mut parts.state_ms);
-        // The destination takes the disks' locks when the state arrives:
-        // one VM at a time holds an image (a COLO primary keeps them).
-        if !self.keep {
-            self.vm.hold_disk_locks(false)?;
-            self.released_disks = true;
-        }
-        lap(&mut parts.disks_ms);
-        protocol::write_message(conn, &Message::State(image))?;
-        protocol::expect(conn, Command::Ready)?;
-        lap(&mut parts.handover_ms);
+        laps.lap(&mut parts.pages_ms);
+        self.hand_over(conn, &mut parts, &mut laps)?;
         let round = devices::sync::lock(self.status).round + 1;
         self.round_done(round);
         self.update(|s| s.downtime_parts = Some(parts));
@@ -585,6 +572,30 @@ impl<'a> Run<'a> {
             crate::vstate::memory::or_into(&mut l.bits, &p.bits);
         }
         Ok(last)
+    }
+
+    /// The switch-over's end, the guest paused and its pages sent: the
+    /// state goes, the disks' locks are let go (the destination takes
+    /// them when the state arrives: one VM at a time holds an image; a
+    /// COLO primary keeps them), and the destination says it is `Ready`.
+    /// Each step's time into `parts`.
+    fn hand_over(
+        &mut self,
+        conn: &mut Conn,
+        parts: &mut DowntimeParts,
+        laps: &mut Laps,
+    ) -> Result<(), MigrateError> {
+        let image = crate::snapshot::state_image(&self.vm.capture_state()?)?;
+        laps.lap(&mut parts.state_ms);
+        if !self.keep {
+            self.vm.hold_disk_locks(false)?;
+            self.released_disks = true;
+        }
+        laps.lap(&mut parts.disks_ms);
+        protocol::write_message(conn, &Message::State(image))?;
+        protocol::expect(conn, Command::Ready)?;
+        laps.lap(&mut parts.handover_ms);
+        Ok(())
     }
 
     /// After a failure: the guest runs here again, as before (unless it

@@ -13,7 +13,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use migration::protocol::{self, Command, Message};
+use migration::protocol::{self, Message};
 
 use super::{Laps, Run, IO_TIMEOUT};
 use crate::migrate::postcopy::serve::{self, Needed};
@@ -66,7 +66,6 @@ impl Run<'_> {
         let mut parts = DowntimeParts::default();
         let mut laps = Laps(Instant::now());
         let last = self.pause_for_switch(&pending, &mut parts, &mut laps)?;
-        let mut lap = |into: &mut f64| laps.lap(into);
         // The other streams' shares are whole: the rest goes on this one.
         for c in others.iter_mut() {
             protocol::write_message(c, &Message::Commit)?;
@@ -75,15 +74,8 @@ impl Run<'_> {
         for m in needed.messages() {
             protocol::write_message(conn, &m)?;
         }
-        lap(&mut parts.pages_ms);
-        let image = crate::snapshot::state_image(&self.vm.capture_state()?)?;
-        lap(&mut parts.state_ms);
-        self.vm.hold_disk_locks(false)?;
-        self.released_disks = true;
-        lap(&mut parts.disks_ms);
-        protocol::write_message(conn, &Message::State(image))?;
-        protocol::expect(conn, Command::Ready)?;
-        lap(&mut parts.handover_ms);
+        laps.lap(&mut parts.pages_ms);
+        self.hand_over(conn, &mut parts, &mut laps)?;
         protocol::write_message(conn, &Message::Go)?;
         // From here the guest is the destination's, its missing pages ours.
         self.switched = true;
