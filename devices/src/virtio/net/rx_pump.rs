@@ -24,13 +24,17 @@ use std::io;
 use std::time::Instant;
 
 use crate::GuestMemoryMmap;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 
 use super::backend::VNET_HDR_LEN;
 use super::metrics::NetMetrics;
 use super::rsc::{Rsc, RscConfig, RscCounters, MAX_FLOWS};
 use super::rx::{self, RxOutcome};
 use super::ChainError;
+
+/// Looks at the ring again at most this many times in a row when the
+/// driver posted buffers while the device asked for them.
+const RECHECKS: u32 = 16;
 
 /// Largest frame read from the backend: header, 64 KiB IP packet, Ethernet
 /// header and a VLAN tag.
@@ -153,25 +157,24 @@ impl RxPump {
     /// Delivers held frames, oldest first. Returns whether the guest ran out
     /// of buffers (then the engine is flushed into `held`).
     fn deliver_held(&mut self, guest: &mut Guest, metrics: &NetMetrics, res: &mut Pumped) -> bool {
-        // Whether the last attempt already re-enabled notifications and
-        // looked again: a second miss in a row ends the run, so a hostile
-        // available index cannot make this loop spin.
-        let mut rechecked = false;
+        // Misses in a row after which buffers had come: past RECHECKS the
+        // run ends, so a hostile available index cannot make it spin.
+        let mut rechecked = 0;
         while let Some((frame, _)) = self.held.front_mut() {
             match rx::deliver(guest.queue, guest.mem, frame, guest.mergeable) {
                 Ok(RxOutcome::Delivered(_)) => {
-                    rechecked = false;
+                    rechecked = 0;
                     NetMetrics::add(&metrics.rx_packets, 1);
                     NetMetrics::add(
                         &metrics.rx_bytes,
                         frame.len().saturating_sub(VNET_HDR_LEN) as u64,
                     );
                 }
-                Ok(RxOutcome::NoBuffers) => {
-                    // Ask to be told when buffers come, then check once more.
-                    if !rechecked && matches!(guest.queue.enable_notification(guest.mem), Ok(true))
-                    {
-                        rechecked = true;
+                Ok(RxOutcome::NoBuffers { seen }) => {
+                    // Ask to be told when buffers come; look again if some
+                    // came meanwhile.
+                    if rx::ask_for_buffers(guest.queue, guest.mem, seen) && rechecked < RECHECKS {
+                        rechecked += 1;
                         continue;
                     }
                     NetMetrics::add(&metrics.no_rx_buffer_waits, 1);
