@@ -25,6 +25,15 @@ pub struct Pace {
     pub every: Duration,
 }
 
+/// A stream sent as fast as TCP goes, with Linux's default congestion
+/// control (cubic, which fills the queues on the way; a test namespace
+/// otherwise takes the host's, e.g. bbr, which paces).
+pub const BULK: Pace = Pace {
+    bytes: 3 << 20,
+    piece: 64 << 10,
+    every: Duration::ZERO,
+};
+
 /// A TCP stream from the host into the guest's `nc`, running across a
 /// migration or a failover.
 pub struct Stream {
@@ -118,6 +127,9 @@ fn send_slowly(blob: &[u8], port: u16, pace: Pace) -> (usize, String) {
             Err(e) => panic!("connect to the guest: {e}"),
         }
     };
+    if pace.every.is_zero() {
+        set_cubic(&s);
+    }
     for piece in blob.chunks(pace.piece) {
         s.write_all(piece).expect("send to the guest");
         std::thread::sleep(pace.every);
@@ -131,4 +143,26 @@ fn send_slowly(blob: &[u8], port: u16, pace: Pace) -> (usize, String) {
         Err(e) => format!("error: {e}"),
     };
     (blob.len(), end)
+}
+
+/// Sets the connection's congestion control to cubic.
+fn set_cubic(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let name = b"cubic";
+    // SAFETY: setsockopt reads `name.len()` bytes from a live buffer.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "TCP_CONGESTION cubic: {}",
+        std::io::Error::last_os_error()
+    );
 }

@@ -25,8 +25,15 @@
 //! are dropped from then on.
 //!
 //! Never blocks on the network: the link is non-blocking with a bounded
-//! outbox ([`link::MAX_PENDING`]); a frame that does not fit anywhere is
-//! dropped and counted. Never releases a primary frame the compare holds,
+//! outbox ([`link::MAX_PENDING`]). Never drops a client frame one guest
+//! got and the other did not (they would answer differently, and each
+//! difference costs a checkpoint): a guest whose receive queue is full
+//! holds the next frame back until it has room, and until then the
+//! primary leaves the client's frames in the tap, as a guest alone does,
+//! and also while the outbox is past [`LINK_HIGH`]; the secondary stops
+//! reading the link while its guest is far behind, so the primary's
+//! outbox fills. A frame that does not fit anywhere else is dropped and
+//! counted. Never releases a primary frame the compare holds,
 //! except at a checkpoint or once alone; never writes a frame to a tap
 //! while its side's [`Fence`] is closed (dropped and counted as fenced).
 
@@ -85,6 +92,9 @@ pub struct ProxyCounters {
 
 const FRAME: usize = link::MAX_LINK;
 const BURST: usize = 64;
+/// The primary reads no client frame while its outbox to the secondary
+/// holds more (the frames the client sends meanwhile wait in the tap).
+const LINK_HIGH: usize = link::MAX_PENDING / 2;
 /// How often a proxy copies its counters into its side's report.
 const REPORT_EVERY: Duration = Duration::from_millis(100);
 
@@ -110,12 +120,14 @@ impl Proxy {
         fence: Fence,
     ) -> std::io::Result<Proxy> {
         let (taps, guests): (Vec<_>, _) = nics.into_iter().unzip();
-        let taps = taps.into_iter().map(Tap::new).collect();
+        let taps: Vec<Tap> = taps.into_iter().map(Tap::new).collect();
+        let pending = taps.iter().map(|_| None).collect();
         let core = Core::new(guests, link, true)?;
         let offsets = Arc::new(AtomicUsize::new(0));
         let p = Primary {
             core,
             taps,
+            pending,
             compare,
             hdrs: HashMap::new(),
             alone: false,
@@ -209,12 +221,31 @@ struct Core {
     stages: Stages,
     /// The primary's (its link carries client frames) or the secondary's.
     primary: bool,
+    /// Guests with frames waiting for room in their receive queue (their
+    /// socket is polled for writing).
+    want_out: Vec<bool>,
+    /// Whether the link is read now (the secondary stops while its guest
+    /// is far behind).
+    link_in: bool,
+}
+
+/// What became of a frame handed to a guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handed {
+    /// It is in the guest's receive queue.
+    Queued,
+    /// The queue is full: hand it again once the guest took some.
+    Full,
+    /// It cannot be handed (counted as dropped).
+    Dropped,
 }
 
 impl Core {
     fn new(guests: Vec<Peer>, link: Conn, primary: bool) -> std::io::Result<Core> {
         link.set_nonblocking(true)?;
         Ok(Core {
+            want_out: vec![false; guests.len()],
+            link_in: true,
             handed: Vec::new(),
             generation: 0,
             flight: InFlight::default(),
@@ -233,15 +264,21 @@ impl Core {
     }
 
     /// Waits for any descriptor of interest (`taps`: what each tap polls
-    /// for), at most `most`.
-    fn poll(&self, evt: &EventFd, taps: &[Tap], most: Duration) {
+    /// for; `read(i)`: whether tap `i` is read now), at most `most`.
+    fn poll(&self, evt: &EventFd, taps: &[Tap], read: impl Fn(usize) -> bool, most: Duration) {
         let mut extra = Vec::new();
-        for t in taps {
-            t.poll_fds(&mut extra);
+        for (i, t) in taps.iter().enumerate() {
+            t.poll_fds(read(i), &mut extra);
         }
-        let mut fds: Vec<libc::pollfd> = std::iter::once(evt.as_raw_fd())
-            .chain(self.guests.iter().map(|g| g.as_raw_fd()))
-            .map(|fd| (fd, libc::POLLIN))
+        let guests = self.guests.iter().enumerate().map(|(i, g)| {
+            let out = self.want_out.get(i).is_some_and(|&w| w);
+            (
+                g.as_raw_fd(),
+                libc::POLLIN | if out { libc::POLLOUT } else { 0 },
+            )
+        });
+        let mut fds: Vec<libc::pollfd> = std::iter::once((evt.as_raw_fd(), libc::POLLIN))
+            .chain(guests)
             .chain(extra)
             .map(|(fd, events)| libc::pollfd {
                 fd,
@@ -250,7 +287,7 @@ impl Core {
             })
             .collect();
         if self.linked {
-            let mut events = libc::POLLIN;
+            let mut events = if self.link_in { libc::POLLIN } else { 0 };
             if !self.outbox.is_empty() {
                 events |= libc::POLLOUT;
             }
@@ -363,10 +400,11 @@ impl Core {
         out
     }
 
-    /// Hands `frame` to guest `i`; whether it took it (if not, it is
-    /// dropped and counted).
-    fn hand_to_guest(&mut self, i: usize, frame: &[u8]) -> bool {
+    /// Hands `frame` to guest `i`: queued, or its queue is full (try
+    /// again), or dropped and counted.
+    fn hand_to_guest(&mut self, i: usize, frame: &[u8]) -> Handed {
         match self.guests.get(i).map(|g| g.send(self.generation, frame)) {
+            Some(Err(e)) if e.kind() == ErrorKind::WouldBlock => Handed::Full,
             Some(Ok(_)) => {
                 self.replies.handed(i, Instant::now());
                 if self.handed.len() <= i {
@@ -376,11 +414,11 @@ impl Core {
                 let backlog = self.handed[i].saturating_sub(self.guests[i].taken());
                 self.counters.guest_backlog = backlog;
                 self.counters.guest_backlog_max = self.counters.guest_backlog_max.max(backlog);
-                true
+                Handed::Queued
             }
             _ => {
                 self.counters.dropped += 1;
-                false
+                Handed::Dropped
             }
         }
     }
@@ -389,6 +427,10 @@ impl Core {
 struct Primary {
     core: Core,
     taps: Vec<Tap>,
+    /// Per NIC, a client frame read from its tap that its guest had no
+    /// room for yet (with when it was read): the tap is not read until
+    /// the guest took it.
+    pending: Vec<Option<(Vec<u8>, Instant)>>,
     compare: Compare,
     /// Each held frame's NIC and virtio-net header, by its compare number.
     hdrs: HashMap<u64, (usize, Vec<u8>)>,
@@ -405,7 +447,11 @@ impl Primary {
                 .compare
                 .next_deadline(Instant::now())
                 .map_or(REPORT_EVERY, |d| d.min(REPORT_EVERY));
-            self.core.poll(evt, &self.taps, most);
+            let read: Vec<bool> = (0..self.taps.len()).map(|i| self.reads(i)).collect();
+            for (i, p) in self.pending.iter().enumerate() {
+                self.core.want_out[i] = p.is_some();
+            }
+            self.core.poll(evt, &self.taps, |i| read[i], most);
             let _ = evt.read();
             self.drain_taps();
             let mut acts = Vec::new();
@@ -463,41 +509,72 @@ impl Primary {
         });
     }
 
+    /// Whether tap `i` is read now: its guest has room for the frame held
+    /// back (none is), and the outbox to the secondary is not past
+    /// [`LINK_HIGH`] (never while alone).
+    fn reads(&self, i: usize) -> bool {
+        let busy_link = !self.alone && self.core.linked && self.core.outbox.len() > LINK_HIGH;
+        self.pending.get(i).is_some_and(Option::is_none) && !busy_link
+    }
+
     /// The client's frames: to the guest, and mirrored.
     fn clients(&mut self) {
         for i in 0..self.taps.len() {
+            if let Some((frame, read)) = self.pending[i].take() {
+                if !self.client(i, frame, read) {
+                    continue;
+                }
+            }
             for _ in 0..BURST {
+                if !self.reads(i) {
+                    break;
+                }
                 let n = match self.taps[i].dev.read_frame(&mut self.core.buf) {
                     Ok(n) => n,
                     Err(_) => break,
                 };
                 let read = Instant::now();
                 self.core.counters.from_taps += 1;
-                let mut frame = self.core.buf[..n].to_vec();
-                // What its guest did not get, the secondary's does not.
-                if !self.core.hand_to_guest(i, &frame) {
-                    continue;
+                let frame = self.core.buf[..n].to_vec();
+                if !self.client(i, frame, read) {
+                    break;
                 }
-                let number = self.core.handed[i] - 1;
-                if self.alone || !self.core.linked {
-                    continue;
-                }
-                if n <= VNET_HDR_LEN {
-                    self.core.send(link::CLIENT, i, number, 0, &frame, read);
-                    continue;
-                }
-                let csum = csum_of(&frame);
-                let offset = self
-                    .compare
-                    .client_to_secondary(&mut frame[VNET_HDR_LEN..], csum, Instant::now())
-                    .ok()
-                    .flatten()
-                    .unwrap_or(0);
-                self.core.counters.mirrored += 1;
-                self.core
-                    .send(link::CLIENT, i, number, offset, &frame, read);
             }
         }
+    }
+
+    /// Client frame `frame` (read at `read`) to guest `i` and mirrored;
+    /// false when the guest had no room (it is held back in `pending`).
+    fn client(&mut self, i: usize, mut frame: Vec<u8>, read: Instant) -> bool {
+        // What its guest did not get, the secondary's does not.
+        match self.core.hand_to_guest(i, &frame) {
+            Handed::Queued => {}
+            Handed::Dropped => return true,
+            Handed::Full => {
+                self.pending[i] = Some((frame, read));
+                return false;
+            }
+        }
+        let number = self.core.handed[i] - 1;
+        if self.alone || !self.core.linked {
+            return true;
+        }
+        let n = frame.len();
+        if n <= VNET_HDR_LEN {
+            self.core.send(link::CLIENT, i, number, 0, &frame, read);
+            return true;
+        }
+        let csum = csum_of(&frame);
+        let offset = self
+            .compare
+            .client_to_secondary(&mut frame[VNET_HDR_LEN..], csum, Instant::now())
+            .ok()
+            .flatten()
+            .unwrap_or(0);
+        self.core.counters.mirrored += 1;
+        self.core
+            .send(link::CLIENT, i, number, offset, &frame, read);
+        true
     }
 
     /// Checkpoint `n` is committed, its guest paused since it was taken:

@@ -13,10 +13,16 @@
 //! arrives, new frames wait. So both guests get the same frames after
 //! every checkpoint, whatever the timing of the two commits.
 //!
+//! A frame its guest has no room for stays kept, and it and the frames
+//! after it are handed, in order, once the guest took some (its socket
+//! polled for writing); while more than [`BEHIND`] bytes wait so (and no
+//! boundary is awaited), the link is not read, so the primary reads no
+//! more of the client's.
+//!
 //! Runs on the secondary's `colo-net` thread. Never does: touch a tap
 //! before it serves, keep more than [`MAX_KEPT`] bytes of frames (the
 //! oldest go, counted as dropped), hand a frame of a NIC whose boundary it
-//! waits for.
+//! waits for, drop a frame because its guest's queue is full.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -26,6 +32,9 @@ use replication::survivor::{self, Offsets};
 
 /// The most bytes of client frames kept for handing again, per NIC.
 const MAX_KEPT: usize = 16 << 20;
+/// Bytes of kept frames not yet handed to a guest past which the link is
+/// not read.
+const BEHIND: usize = MAX_KEPT / 4;
 
 /// One client frame kept since the last boundary.
 struct Kept {
@@ -41,6 +50,10 @@ struct Kept {
 struct Nic {
     kept: VecDeque<Kept>,
     bytes: usize,
+    /// The last `unhanded` kept frames are not handed yet (their guest had
+    /// no room), `unhanded_bytes` long.
+    unhanded: usize,
+    unhanded_bytes: usize,
     /// A commit happened; its boundary is not applied yet.
     waiting: bool,
     /// A boundary that came before its commit: (epoch, first number).
@@ -77,7 +90,20 @@ impl Secondary {
     pub(super) fn run(mut self, evt: &EventFd, cmds: mpsc::Receiver<(Cmd, Reply)>) {
         let mut reported = Instant::now();
         loop {
-            self.core.poll(evt, &self.taps, REPORT_EVERY);
+            let read: Vec<bool> = self.nics.iter().map(|n| n.unhanded == 0).collect();
+            for (i, n) in self.nics.iter().enumerate() {
+                self.core.want_out[i] = n.unhanded > 0 && !n.waiting;
+            }
+            self.core.link_in = self
+                .nics
+                .iter()
+                .all(|n| n.waiting || n.unhanded_bytes <= BEHIND);
+            self.core.poll(
+                evt,
+                &self.taps,
+                |i| read.get(i).is_some_and(|&r| r),
+                REPORT_EVERY,
+            );
             let _ = evt.read();
             let c = &mut self.core;
             for t in &mut self.taps {
@@ -174,14 +200,40 @@ impl Secondary {
                 nic.bytes -= k.frame.len();
             }
         }
-        for k in nic.kept.iter_mut() {
-            hand(&mut self.core, &mut self.offsets, i, k);
+        nic.unhanded = nic.kept.len();
+        nic.unhanded_bytes = nic.bytes;
+        self.pump(i);
+    }
+
+    /// Hands NIC `i`'s kept frames not handed yet to its guest, in order,
+    /// as far as its queue has room (none while a boundary is awaited).
+    fn pump(&mut self, i: usize) {
+        let nic = &mut self.nics[i];
+        while nic.unhanded > 0 && !nic.waiting {
+            let at = nic.kept.len() - nic.unhanded;
+            let Some(k) = nic.kept.get_mut(at) else {
+                break;
+            };
+            let len = k.frame.len();
+            if hand(&mut self.core, &mut self.offsets, i, k) == Handed::Full {
+                break;
+            }
+            nic.unhanded -= 1;
+            nic.unhanded_bytes -= len;
         }
     }
 
     /// In the pair: mirrored frames in, its guest's output back.
     fn mirror(&mut self) {
-        for f in self.core.receive() {
+        for i in 0..self.nics.len() {
+            self.pump(i);
+        }
+        let got = if self.core.link_in {
+            self.core.receive()
+        } else {
+            Vec::new()
+        };
+        for f in got {
             let i = usize::from(f.nic);
             if i >= self.nics.len() {
                 continue;
@@ -217,35 +269,49 @@ impl Secondary {
     /// awaited.
     fn client(&mut self, i: usize, f: link::LinkFrame) {
         let nic = &mut self.nics[i];
-        let mut k = Kept {
+        let k = Kept {
             number: f.tag,
             offset: f.offset,
             frame: f.frame,
             came: Some(Instant::now()),
         };
-        if !nic.waiting {
-            hand(&mut self.core, &mut self.offsets, i, &mut k);
-        }
-        nic.bytes += k.frame.len();
+        let len = k.frame.len();
+        nic.bytes += len;
         nic.kept.push_back(k);
+        if !nic.waiting {
+            nic.unhanded += 1;
+            nic.unhanded_bytes += len;
+        }
         while nic.bytes > MAX_KEPT {
             let Some(old) = nic.kept.pop_front() else {
                 break;
             };
             nic.bytes -= old.frame.len();
+            if nic.unhanded > nic.kept.len() {
+                nic.unhanded = nic.kept.len();
+                nic.unhanded_bytes -= old.frame.len();
+            }
             self.core.counters.dropped += 1;
         }
+        self.pump(i);
     }
 
     /// Serving: between each tap and its guest, the connections opened
     /// since the last checkpoint rewritten.
     fn serve(&mut self) {
+        for i in 0..self.nics.len() {
+            self.pump(i);
+        }
         let core = &mut self.core;
         for (i, tap) in self.taps.iter_mut().enumerate() {
             if i >= core.guests.len() {
                 continue;
             }
+            // The frames kept from the pair go first.
             for _ in 0..BURST {
+                if self.nics.get(i).is_some_and(|n| n.unhanded > 0) {
+                    break;
+                }
                 let Ok(n) = tap.dev.read_frame(&mut core.buf) else {
                     break;
                 };
@@ -257,7 +323,7 @@ impl Secondary {
                         .offsets
                         .client_to_guest(&mut frame[VNET_HDR_LEN..], csum);
                 }
-                core.hand_to_guest(i, &frame);
+                let _ = core.hand_to_guest(i, &frame);
             }
             for mut frame in core.sent_by_guest(i, BURST) {
                 let csum = csum_of(&frame);
@@ -275,13 +341,18 @@ impl Secondary {
     }
 }
 
-/// Hands kept frame `k` to guest `i`, learning its offset.
-fn hand(core: &mut Core, offsets: &mut Offsets, i: usize, k: &mut Kept) {
+/// Hands kept frame `k` to guest `i`, learning its offset (unless its
+/// queue is full).
+fn hand(core: &mut Core, offsets: &mut Offsets, i: usize, k: &mut Kept) -> Handed {
+    let handed = core.hand_to_guest(i, &k.frame);
+    if handed == Handed::Full {
+        return handed;
+    }
     if let Some(frame) = k.frame.get(VNET_HDR_LEN..) {
         offsets.learn(frame, k.offset);
     }
-    core.hand_to_guest(i, &k.frame);
     if let Some(came) = k.came.take() {
         core.stages.link_to_guest.record(came.elapsed());
     }
+    handed
 }

@@ -70,10 +70,12 @@ impl Tap {
         }
     }
 
-    /// The descriptors to poll: the tap's for reading, and for writing
-    /// while frames wait.
-    pub fn poll_fds(&self, out: &mut Vec<(i32, i16)>) {
-        out.push((self.dev.rx_fd(), libc::POLLIN));
+    /// The descriptors to poll: the tap's for reading (when the proxy
+    /// would `read` it now), and for writing while frames wait.
+    pub fn poll_fds(&self, read: bool, out: &mut Vec<(i32, i16)>) {
+        if read {
+            out.push((self.dev.rx_fd(), libc::POLLIN));
+        }
         if !self.waiting.is_empty() {
             out.push((self.dev.tx_fd(), libc::POLLOUT));
         }
