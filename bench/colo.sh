@@ -12,7 +12,8 @@
 #            [--period-ms P] [--mem MIB] [--cpus N] [--dirty-mib M] [--dirty-rate R]
 #            [--traffic-seconds T] [--traffic-ping-ms P] [--queue-policies drop,checkpoint]
 #            [--conns N] [--max-queue Q] [--hosts-runs N] [--lease-ttl-s S]
-#            [--channels 1,2,4] [--transports tcp,tls]
+#            [--channels 1,2,4] [--transports tcp,tls] [--client-cc cubic]
+#            [--net-opts rsc=on]
 # --channels 1,2,4: the checkpoint pause with that many page channels.
 # --transports tcp,tls: a pair on loopback TCP, plain and TLS (the cost of TLS).
 # --hosts-runs: pairs on two simulated hosts (namespaces, an etcd lease),

@@ -69,11 +69,18 @@ def tap(i):
     return Bridge.TAPS["tandem"][i]
 
 
+def net(args, i):
+    """The `--net` of guest `i` (0: alone and primary, 1: secondary), with
+    `--net-opts` added."""
+    extra = f",{args.net_opts}" if args.net_opts else ""
+    return f"tap={tap(i)},mac={MAC}{extra}"
+
+
 def snapshot(args, tmp):
     """Boots the guest, starts the load, saves the snapshot; its path."""
     g = sm.Tandem(args, args.mem, tmp)
     g.boot_cmd = lambda: sm.Tandem.boot_cmd(g) + ["--cpus", str(args.cpus),
-                                                  "--net", f"tap={tap(0)},mac={MAC}"]
+                                                  "--net", net(args, 0)]
     try:
         booted = g.boot()
         log(f"booted in {booted:.1f} s")
@@ -126,7 +133,7 @@ class Pair:
         # colo-start's lease is in tmp (Landlock: docs/sandbox.md).
         self.p = spawn([args.tandem, "run", "--restore", snap, "--api-sock", self.api_p,
                         "--landlock-rule", f"{tmp}:rw",
-                        "--net", f"tap={tap(0)},mac={MAC}", *self.sec], self.err + ".p")
+                        "--net", net(args, 0), *self.sec], self.err + ".p")
         self.procs.append(self.p)
         con = Console(self.p)
         con.wait_for(con.send("true"), args.cmd_timeout)
@@ -136,7 +143,7 @@ class Pair:
         s = spawn([args.tandem, "run", "--colo", "secondary", "--colo-listen",
                    self.addr, "--colo-lease", self.lease, "--mem", f"{args.mem}M",
                    "--cpus", str(args.cpus),
-                   "--api-sock", self.api_s, "--net", f"tap={tap(1)},mac={MAC}", *self.sec],
+                   "--api-sock", self.api_s, "--net", net(args, 1), *self.sec],
                   self.err + ".s")
         self.procs.append(s)
         wait("the secondary listens", 60,
@@ -450,6 +457,11 @@ def parse_args():
     ap.add_argument("--compare-timeout-ms", type=int, default=None,
                     help="colo-start's --compare-timeout-ms (default: tandem's)")
     ap.add_argument("--ping-ms", type=float, default=10.0)
+    ap.add_argument("--client-cc", default=None,
+                    help="the client's TCP congestion control, e.g. cubic (Linux's default; "
+                         "default: this host's)")
+    ap.add_argument("--net-opts", default="",
+                    help="more options of every guest's --net, e.g. rsc=on (alone and pair alike)")
     ap.add_argument("--dirty-mib", type=int, default=16)
     ap.add_argument("--dirty-rate", type=int, default=8, help="MiB/s")
     ap.add_argument("--traffic-seconds", type=float, default=10.0,
@@ -477,6 +489,7 @@ def parse_args():
         ap.add_argument(a, required=True)
     args = ap.parse_args()
     args.cmdline += f" tandem.ip={GUEST}/{PREFIX}"
+    traffic.CLIENT_CC = args.client_cc
     if args.hosts_runs is None:
         args.hosts_runs = args.runs
     return args

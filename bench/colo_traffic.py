@@ -31,8 +31,14 @@ SERVICES = ("printf '#!/bin/sh\\nexec wc -c >/dev/null\\n' > /tmp/sink; "
             f"nc -ll -p {SOURCE_PORT} -e /tmp/source & true")
 
 
+# The client's congestion control (None: the host's default), e.g. cubic.
+CLIENT_CC = None
+
+
 def _connect(ip, port, timeout, conns):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if CLIENT_CC:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, CLIENT_CC.encode())
     # A bounded send buffer, shared out among the connections: what is
     # still queued at the end is little (the guest takes ~1 Mbit/s).
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, max(16 * 1024, 256 * 1024 // conns))
