@@ -447,11 +447,10 @@ impl Primary {
                 .compare
                 .next_deadline(Instant::now())
                 .map_or(REPORT_EVERY, |d| d.min(REPORT_EVERY));
-            let read: Vec<bool> = (0..self.taps.len()).map(|i| self.reads(i)).collect();
             for (i, p) in self.pending.iter().enumerate() {
                 self.core.want_out[i] = p.is_some();
             }
-            self.core.poll(evt, &self.taps, |i| read[i], most);
+            self.core.poll(evt, &self.taps, |i| self.reads(i), most);
             let _ = evt.read();
             self.drain_taps();
             let mut acts = Vec::new();

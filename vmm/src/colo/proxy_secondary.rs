@@ -90,7 +90,6 @@ impl Secondary {
     pub(super) fn run(mut self, evt: &EventFd, cmds: mpsc::Receiver<(Cmd, Reply)>) {
         let mut reported = Instant::now();
         loop {
-            let read: Vec<bool> = self.nics.iter().map(|n| n.unhanded == 0).collect();
             for (i, n) in self.nics.iter().enumerate() {
                 self.core.want_out[i] = n.unhanded > 0 && !n.waiting;
             }
@@ -101,7 +100,7 @@ impl Secondary {
             self.core.poll(
                 evt,
                 &self.taps,
-                |i| read.get(i).is_some_and(|&r| r),
+                |i| self.nics.get(i).is_some_and(|n| n.unhanded == 0),
                 REPORT_EVERY,
             );
             let _ = evt.read();
